@@ -1,0 +1,20 @@
+"""spectral_optax: learning rates that transfer across width and depth.
+
+Geometry (what a parameter is) -> dual maps (how a gradient is normalized in
+a norm) -> transforms (optax GradientTransformations) -> named optimizers;
+initializers and diagnostics beside them.
+"""
+
+from spectral_optax.geometry import (
+    Geometry,
+    GeometryError,
+    GeometryMap,
+    as_geometry_map,
+    from_matrix,
+    infer_geometry,
+    label_by_geometry,
+    map_with_geometry,
+    to_matrix,
+)
+
+__version__ = "0.1.0"

@@ -1,0 +1,624 @@
+"""Parameter geometry: the single source of truth for what each parameter is.
+
+A Flax layer computes ``y = x @ W``. Every axis of a weight is either a
+**fan-in axis** (contracted with the layer input), a **fan-out axis** (produces
+the output) or a **batch axis** (every other axis: layers stacked by
+``nn.scan`` / ``nnx.vmap``, experts, heads treated separately). Each batch slice
+is an independent matrix of shape ``(d_in, d_out)`` with ``d_in`` the product
+of the fan-in dimensions and ``d_out`` the product of the fan-out dimensions.
+
+Every rule of the package (initializers, dual maps, learning-rate
+multipliers) reads the geometry from here and works on the canonical view
+``to_matrix(x, geometry) -> (num_slices, d_in, d_out)``; no other module makes
+a shape decision.
+
+Kinds:
+  * ``'matrix'``: a dense map between hidden vectors measured in RMS norm.
+    Target spectral norm ``sqrt(d_out / d_in)``.
+  * ``'embedding'``: a table indexed by a one-hot input (l1 -> RMS): each
+    token's fan-out vector has RMS Theta(1); the effective input width is 1.
+  * ``'vector'``: biases and norm scales, a matrix fed by a constant input of
+    width 1 (``d_in = 1``), so its target is RMS 1.
+
+Roles: ``'hidden'`` (default), ``'output'`` (the read-out / head layer, which
+some optimizers treat differently). Inferred from names, overridable.
+
+References:
+  Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning".
+  REFERENCE.md section 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+KINDS = ("matrix", "embedding", "vector")
+ROLES = ("hidden", "output")
+
+# Leaf / module names recognised by the inference rules.
+_OUTPUT_NAME = re.compile(
+    r"^(head|lm_head|output|output_layer|readout|logits|classifier|unembed|unembedding|out_proj_head|final)"
+    r"(_\d+)?$",
+    re.IGNORECASE,
+)
+_DENSE_NAME = re.compile(r"^(dense|linear)(_\d+)?$", re.IGNORECASE)
+_CONV_NAME = re.compile(r"conv", re.IGNORECASE)
+_QKV_NAME = re.compile(r"^(query|key|value)$", re.IGNORECASE)
+_VALUE_KEYS = ("value", "raw_value")
+
+
+class GeometryError(ValueError):
+    """A parameter whose geometry cannot be decided, or an invalid override."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """How one parameter array acts as a (batch of) linear map(s).
+
+    Attributes:
+      shape: the parameter's shape.
+      kind: ``'matrix'``, ``'embedding'`` or ``'vector'``.
+      fan_in_axes: axes contracted with the layer input (empty for vectors).
+      fan_out_axes: axes that produce the layer output.
+      fan_out_splits: the fan-out dimension is the concatenation of this many
+        equal blocks, each an independent matrix (a fused QKV kernel: 3).
+      role: ``'hidden'`` or ``'output'`` (the read-out layer).
+    Axes in neither ``fan_in_axes`` nor ``fan_out_axes`` are batch axes.
+    """
+
+    shape: tuple[int, ...]
+    kind: str = "matrix"
+    fan_in_axes: tuple[int, ...] = ()
+    fan_out_axes: tuple[int, ...] = ()
+    fan_out_splits: int = 1
+    role: str = "hidden"
+
+    def __post_init__(self):
+        shape = tuple(int(s) for s in self.shape)
+        ndim = len(shape)
+        norm = lambda axes: tuple(sorted(int(a) % ndim if ndim else int(a) for a in axes))
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "fan_in_axes", norm(self.fan_in_axes))
+        object.__setattr__(self, "fan_out_axes", norm(self.fan_out_axes))
+        if self.kind not in KINDS:
+            raise GeometryError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.role not in ROLES:
+            raise GeometryError(f"role must be one of {ROLES}, got {self.role!r}")
+        both = set(self.fan_in_axes) & set(self.fan_out_axes)
+        if both or any(not 0 <= a < max(ndim, 1) for a in self.fan_in_axes + self.fan_out_axes):
+            raise GeometryError(
+                f"invalid axes for shape {shape}: fan_in_axes={self.fan_in_axes}, "
+                f"fan_out_axes={self.fan_out_axes} (must be distinct axes of the array)"
+            )
+        if self.kind == "matrix" and ndim and not self.fan_in_axes:
+            raise GeometryError(f"a 'matrix' needs at least one fan-in axis (shape {shape})")
+        if self.kind != "vector" and ndim and not self.fan_out_axes:
+            raise GeometryError(f"a {self.kind!r} needs at least one fan-out axis (shape {shape})")
+        if self.fan_out_splits < 1 or self._d(self.fan_out_axes) % self.fan_out_splits:
+            raise GeometryError(
+                f"fan_out_splits={self.fan_out_splits} does not divide the fan-out size "
+                f"{self._d(self.fan_out_axes)} (shape {shape})"
+            )
+
+    def _d(self, axes):
+        return int(math.prod(self.shape[a] for a in axes))
+
+    # ---- derived sizes ----------------------------------------------------
+    @property
+    def batch_axes(self) -> tuple[int, ...]:
+        used = set(self.fan_in_axes) | set(self.fan_out_axes)
+        return tuple(a for a in range(len(self.shape)) if a not in used)
+
+    @property
+    def d_in(self) -> int:
+        """Product of the fan-in dimensions (1 for vectors)."""
+        return self._d(self.fan_in_axes)
+
+    @property
+    def d_out(self) -> int:
+        """Fan-out size of one matrix (per split block)."""
+        return self._d(self.fan_out_axes) // self.fan_out_splits
+
+    @property
+    def input_width(self) -> int:
+        """Effective input width used by every width rule.
+
+        ``d_in`` for matrices; 1 for embeddings (one-hot input, l1 norm 1) and
+        vectors (constant input of width 1).
+        """
+        return self.d_in if self.kind == "matrix" else 1
+
+    @property
+    def num_slices(self) -> int:
+        """Number of independent matrices: batch slices times split blocks."""
+        return self._d(self.batch_axes) * self.fan_out_splits
+
+    @property
+    def target_spectral_norm(self) -> float:
+        """``sqrt(d_out / input_width)``: the spectral condition's target."""
+        return math.sqrt(self.d_out / self.input_width)
+
+    # ---- constructors -----------------------------------------------------
+    @classmethod
+    def matrix(cls, shape, fan_in_axes=(-2,), fan_out_axes=(-1,), **kw) -> Geometry:
+        return cls(tuple(shape), "matrix", tuple(fan_in_axes), tuple(fan_out_axes), **kw)
+
+    @classmethod
+    def embedding(cls, shape, fan_in_axes=None, fan_out_axes=(-1,), **kw) -> Geometry:
+        ndim = len(shape)
+        fan_out = tuple(a % ndim for a in fan_out_axes)
+        if fan_in_axes is None:
+            fan_in_axes = tuple(a for a in range(ndim) if a not in fan_out)
+        return cls(tuple(shape), "embedding", tuple(fan_in_axes), fan_out, **kw)
+
+    @classmethod
+    def vector(cls, shape, fan_out_axes=None, **kw) -> Geometry:
+        if fan_out_axes is None:
+            fan_out_axes = tuple(range(len(shape)))
+        return cls(tuple(shape), "vector", (), tuple(fan_out_axes), **kw)
+
+    def replace(self, **kw) -> Geometry:
+        return dataclasses.replace(self, **kw)
+
+
+# --------------------------------------------------------------------------
+# The canonical matrix view.
+# --------------------------------------------------------------------------
+def to_matrix(x: jax.Array, geometry: Geometry) -> jax.Array:
+    """Reshape ``x`` (of ``geometry.shape``) to ``(num_slices, d_in, d_out)``.
+
+    Batch axes (and fan-out split blocks) become the leading axis; vectors get
+    ``d_in = 1``.
+    """
+    g = geometry
+    perm = g.batch_axes + g.fan_in_axes + g.fan_out_axes
+    x = jnp.transpose(x, perm) if perm != tuple(range(x.ndim)) else x
+    batch = g._d(g.batch_axes)
+    s = g.fan_out_splits
+    x = x.reshape(batch, g.d_in, s, g.d_out)
+    if s > 1:
+        x = jnp.swapaxes(x, 1, 2)
+    return x.reshape(batch * s, g.d_in, g.d_out)
+
+
+def from_matrix(m: jax.Array, geometry: Geometry) -> jax.Array:
+    """Inverse of :func:`to_matrix`."""
+    g = geometry
+    batch = g._d(g.batch_axes)
+    s = g.fan_out_splits
+    m = m.reshape(batch, s, g.d_in, g.d_out)
+    if s > 1:
+        m = jnp.swapaxes(m, 1, 2)
+    perm = g.batch_axes + g.fan_in_axes + g.fan_out_axes
+    permuted_shape = tuple(g.shape[a] for a in perm)
+    m = m.reshape(permuted_shape)
+    if perm != tuple(range(len(perm))):
+        m = jnp.transpose(m, np.argsort(perm))
+    return m
+
+
+# --------------------------------------------------------------------------
+# Paths.
+# --------------------------------------------------------------------------
+def _key_name(k) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def path_str(path: Sequence[Any]) -> str:
+    """The '/'-joined key path of a leaf (a trailing NNX ``value`` is dropped)."""
+    names = [_key_name(k) for k in path]
+    while names and names[-1] in _VALUE_KEYS:
+        names.pop()
+    return "/".join(names)
+
+
+def _leaves_with_paths(tree) -> list[tuple[str, Any]]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [(path_str(p), x) for p, x in flat]
+
+
+# --------------------------------------------------------------------------
+# Layout hints from Flax modules.
+# --------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Natural trailing layout of a module's weight: ``n_in`` fan-in axes then
+    ``n_out`` fan-out axes; extra leading axes are batch (stacked) axes."""
+
+    kind: str
+    n_in: int
+    n_out: int
+    role: str = "hidden"
+
+
+def _module_layouts(type_name: str, attrs: Mapping[str, Any]) -> dict[str, _Layout]:
+    """Layouts of a Flax module's parameters by leaf name (Linen and NNX)."""
+
+    def as_tuple(v):
+        return tuple(v) if isinstance(v, (tuple, list)) else (v,)
+
+    t = type_name
+    if t in ("Dense", "Linear", "Einsum"):
+        lay = _Layout("matrix", 1, 1)
+        return {"kernel": lay, "bias": _Layout("vector", 0, 1)}
+    if t in ("DenseGeneral", "LinearGeneral"):
+        if "in_features" in attrs:  # NNX
+            n_in = len(as_tuple(attrs["in_features"]))
+            n_out = len(as_tuple(attrs["out_features"]))
+        else:
+            n_in = len(as_tuple(attrs.get("axis", -1)))
+            n_out = len(as_tuple(attrs.get("features")))
+        return {"kernel": _Layout("matrix", n_in, n_out), "bias": _Layout("vector", 0, n_out)}
+    if t in ("Conv", "ConvTranspose", "ConvLocal"):
+        window = attrs.get("kernel_size")
+        n_window = len(as_tuple(window)) if window is not None else None
+        if n_window is None:
+            return {}
+        return {"kernel": _Layout("matrix", n_window + 1, 1), "bias": _Layout("vector", 0, 1)}
+    if t == "Embed":
+        return {"embedding": _Layout("embedding", 1, 1)}
+    if t in ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm"):
+        return {"scale": _Layout("vector", 0, 1), "bias": _Layout("vector", 0, 1)}
+    return {}
+
+
+_MODULE_ATTRS = ("in_features", "out_features", "axis", "features", "kernel_size")
+
+
+def _attrs_of(module) -> dict[str, Any]:
+    out = {}
+    for a in _MODULE_ATTRS:
+        try:
+            v = getattr(module, a)
+        except Exception:  # noqa: BLE001 - unbound Linen attributes may raise
+            continue
+        if v is not None and not callable(v):
+            out[a] = v
+    return out
+
+
+def _hints_from_nnx(module) -> dict[tuple[str, ...], dict[str, _Layout]]:
+    from flax import nnx
+
+    hints = {}
+    for path, node in nnx.graph.iter_graph(module):
+        if isinstance(node, nnx.Module):
+            lay = _module_layouts(type(node).__name__, _attrs_of(node))
+            if lay:
+                hints[tuple(str(p) for p in path)] = lay
+    return hints
+
+
+def _hints_from_linen(module, args, kwargs) -> dict[tuple[str, ...], dict[str, _Layout]]:
+    import flax.linen as nn
+
+    hints: dict[tuple[str, ...], dict[str, _Layout]] = {}
+
+    def interceptor(next_fun, call_args, call_kwargs, context):
+        m = context.module
+        path = tuple(str(p) for p in m.path)
+        if path and path not in hints:
+            lay = _module_layouts(type(m).__name__, _attrs_of(m))
+            if lay:
+                hints[path] = lay
+        return next_fun(*call_args, **call_kwargs)
+
+    with nn.intercept_methods(interceptor):
+        jax.eval_shape(lambda: module.init(jax.random.key(0), *args, **kwargs))
+    return hints
+
+
+# --------------------------------------------------------------------------
+# Overrides.
+# --------------------------------------------------------------------------
+Override = Any  # Geometry | str kind | Mapping of Geometry fields | Callable[(path, shape), Geometry]
+
+
+def _apply_override(override: Override, path: str, shape: tuple[int, ...]) -> Geometry:
+    if isinstance(override, Geometry):
+        if override.shape != shape:
+            raise GeometryError(
+                f"override for parameter '{path}' has shape {override.shape}, but the parameter "
+                f"has shape {shape}"
+            )
+        return override
+    if callable(override):
+        g = override(path, shape)
+        return _apply_override(g, path, shape)
+    if isinstance(override, str):
+        override = {"kind": override}
+    if isinstance(override, Mapping):
+        fields = dict(override)
+        kind = fields.pop("kind", "matrix")
+        ndim = len(shape)
+        try:
+            if kind == "vector":
+                return Geometry.vector(shape, **fields)
+            if kind == "embedding":
+                return Geometry.embedding(shape, **fields)
+            if ndim < 2 and "fan_in_axes" not in fields:
+                raise GeometryError("a matrix needs >= 2 axes or explicit fan_in_axes")
+            fields.setdefault("fan_in_axes", (-2,))
+            fields.setdefault("fan_out_axes", (-1,))
+            return Geometry(shape, "matrix", **fields)
+        except (GeometryError, TypeError) as e:
+            raise GeometryError(f"invalid geometry override for parameter '{path}' {shape}: {e}") from e
+    raise GeometryError(
+        f"override for parameter '{path}' must be a Geometry, a kind string, a dict of Geometry "
+        f"fields or a callable (path, shape) -> Geometry; got {type(override).__name__}"
+    )
+
+
+def _override_help(path: str, shape: tuple[int, ...]) -> str:
+    pattern = "/".join(path.split("/")[-2:]) + "$"
+    return (
+        "Fix it with an override, matched by regex on the '/'-joined path, e.g.\n"
+        f"    geometry={{r'{pattern}': dict(kind='matrix', fan_in_axes=(-2,), fan_out_axes=(-1,))}}\n"
+        "  (axes in neither list are batch axes: stacked layers, heads, experts), or\n"
+        f"    geometry={{r'{pattern}': spectral_optax.Geometry.vector({shape})}},\n"
+        "  or let the model tell: spectral_optax.GeometryMap.from_linen(model, x) / "
+        "GeometryMap.from_nnx(model)."
+    )
+
+
+# --------------------------------------------------------------------------
+# The resolver.
+# --------------------------------------------------------------------------
+class GeometryMap:
+    """Decides the :class:`Geometry` of every leaf of a parameter tree.
+
+    Resolution order for a leaf with '/'-joined path ``path``:
+      1. the first override whose regex ``re.search``-es ``path``;
+      2. an exact entry of an explicit geometry tree;
+      3. a layout hint recorded from the Flax model (``from_linen`` /
+         ``from_nnx``), which knows Dense / DenseGeneral / Conv / Embed /
+         norms and treats extra leading axes as stacked-layer batch axes;
+      4. Flax naming conventions (``kernel``, ``embedding``, ``bias``,
+         ``scale``, module names such as ``Dense_0``, ``Conv_1``, ``query``).
+    A leaf no rule covers raises :class:`GeometryError` naming its path.
+    """
+
+    def __init__(
+        self,
+        overrides: Mapping[str, Override] | None = None,
+        *,
+        tree: Any = None,
+        hints: Mapping[tuple[str, ...], Mapping[str, _Layout]] | None = None,
+    ):
+        self.overrides = [(re.compile(k), v) for k, v in (overrides or {}).items()]
+        self.explicit: dict[str, Geometry] = {}
+        if tree is not None:
+            flat, _ = jax.tree_util.tree_flatten_with_path(
+                tree, is_leaf=lambda x: isinstance(x, Geometry)
+            )
+            for p, g in flat:
+                if isinstance(g, Geometry):
+                    self.explicit[path_str(p)] = g
+        self.hints = dict(hints or {})
+        self._cache: dict[tuple, tuple[Geometry, ...]] = {}
+
+    # -- constructors from models -------------------------------------------
+    @classmethod
+    def from_nnx(cls, module, overrides=None) -> GeometryMap:
+        """Exact layouts read from a live ``flax.nnx`` module."""
+        return cls(overrides, hints=_hints_from_nnx(module))
+
+    @classmethod
+    def from_linen(cls, module, *args, overrides=None, **kwargs) -> GeometryMap:
+        """Exact layouts from a Linen module, traced (shapes only) on ``args``."""
+        return cls(overrides, hints=_hints_from_linen(module, args, kwargs))
+
+    def with_overrides(self, overrides: Mapping[str, Override]) -> GeometryMap:
+        new = GeometryMap(hints=self.hints)
+        new.explicit = dict(self.explicit)
+        new.overrides = [(re.compile(k), v) for k, v in overrides.items()] + self.overrides
+        return new
+
+    # -- resolution -----------------------------------------------------------
+    def resolve(self, paths: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> tuple[Geometry, ...]:
+        key = (tuple(paths), tuple(tuple(s) for s in shapes))
+        if key not in self._cache:
+            shape_of = dict(zip(*key))
+            self._cache[key] = tuple(self._resolve_one(p, s, shape_of) for p, s in zip(*key))
+        return self._cache[key]
+
+    def _resolve_one(self, path: str, shape: tuple[int, ...], shape_of) -> Geometry:
+        for pattern, override in self.overrides:
+            if pattern.search(path):
+                return _apply_override(override, path, shape)
+        if path in self.explicit:
+            return _apply_override(self.explicit[path], path, shape)
+        g = self._from_hint(path, shape)
+        if g is None:
+            g = self._from_names(path, shape, shape_of)
+        return g
+
+    def _hint_for(self, path: str):
+        parts = tuple(path.split("/"))
+        module_path, leaf = parts[:-1], parts[-1]
+        for mp in (module_path, module_path[1:] if module_path[:1] == ("params",) else None):
+            if mp is not None and mp in self.hints and leaf in self.hints[mp]:
+                return self.hints[mp][leaf]
+        return None
+
+    def _from_hint(self, path, shape) -> Geometry | None:
+        lay = self._hint_for(path)
+        if lay is None:
+            return None
+        ndim = len(shape)
+        n_batch = ndim - lay.n_in - lay.n_out
+        if n_batch < 0:
+            return None
+        fan_in = tuple(range(n_batch, n_batch + lay.n_in))
+        fan_out = tuple(range(n_batch + lay.n_in, ndim))
+        role = "output" if _is_output_path(path) else lay.role
+        if lay.kind == "vector":
+            return Geometry(shape, "vector", (), fan_out, role=role)
+        return Geometry(shape, lay.kind, fan_in, fan_out, role=role)
+
+    def _from_names(self, path: str, shape: tuple[int, ...], shape_of) -> Geometry:
+        parts = path.split("/")
+        leaf = parts[-1].lower()
+        parent = parts[-2] if len(parts) > 1 else ""
+        grandparent = parts[-3] if len(parts) > 2 else ""
+        ndim = len(shape)
+        role = "output" if _is_output_path(path) else "hidden"
+
+        if "embed" in leaf and ndim >= 2:
+            return Geometry.embedding(shape, role=role)
+        if leaf in ("bias", "scale") or ndim <= 1:
+            sibling = "/".join(parts[:-1] + ["kernel"])
+            if leaf == "bias" and sibling in shape_of and sibling != path:
+                try:
+                    k = self._resolve_one(sibling, shape_of[sibling], shape_of)
+                except GeometryError:
+                    k = Geometry.vector(shape)
+                n_batch = len(k.batch_axes)
+                if k.batch_axes == tuple(range(n_batch)) and ndim == n_batch + len(k.fan_out_axes):
+                    return Geometry(shape, "vector", (), tuple(range(n_batch, ndim)), role=role)
+            if _DENSE_NAME.match(parent) and ndim >= 2:
+                return Geometry(shape, "vector", (), (ndim - 1,), role=role)
+            return Geometry.vector(shape, role=role)
+        if ndim == 2:
+            return Geometry.matrix(shape, role=role)
+        if leaf == "kernel":
+            if _CONV_NAME.search(parent):
+                return Geometry(shape, "matrix", tuple(range(ndim - 1)), (ndim - 1,), role=role)
+            if _DENSE_NAME.match(parent):
+                return Geometry.matrix(shape, role=role)
+            if _QKV_NAME.match(parent):
+                return Geometry(shape, "matrix", (ndim - 3,), (ndim - 2, ndim - 1), role=role)
+            attention_sibling = "/".join(parts[:-2] + ["query", "kernel"])
+            if parent.lower() == "out" and (
+                "attention" in grandparent.lower() or attention_sibling in shape_of
+            ):
+                return Geometry(shape, "matrix", (ndim - 3, ndim - 2), (ndim - 1,), role=role)
+        raise GeometryError(
+            f"cannot infer the geometry of parameter '{path}' with shape {shape}: no Flax naming "
+            f"rule decides which of its {ndim} axes are fan-in, fan-out and batch axes.\n"
+            + _override_help(path, shape)
+        )
+
+    # -- user-facing ---------------------------------------------------------
+    def tree(self, params) -> Any:
+        """A tree of :class:`Geometry` with the structure of ``params``."""
+        flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+        paths = [path_str(p) for p, _ in flat]
+        geoms = self.resolve(paths, [tuple(np.shape(x)) for _, x in flat])
+        return jax.tree_util.tree_unflatten(treedef, list(geoms))
+
+    def leaves(self, tree) -> list[tuple[str, Geometry]]:
+        flat = _leaves_with_paths(tree)
+        geoms = self.resolve([p for p, _ in flat], [tuple(np.shape(x)) for _, x in flat])
+        return [(p, g) for (p, _), g in zip(flat, geoms)]
+
+
+def _is_output_path(path: str) -> bool:
+    return any(_OUTPUT_NAME.match(part) for part in path.split("/")[:-1])
+
+
+GeometryLike = Any  # None | GeometryMap | Mapping[str, Override] | tree of Geometry | nnx.Module
+
+
+def as_geometry_map(geometry: GeometryLike = None) -> GeometryMap:
+    """Normalise every accepted ``geometry=`` argument into a :class:`GeometryMap`.
+
+    Accepts ``None`` (infer from names), a :class:`GeometryMap`, a dict
+    ``{regex: override}``, a tree whose leaves are :class:`Geometry` (matched
+    by path), or a live ``flax.nnx.Module``.
+    """
+    if geometry is None:
+        return GeometryMap()
+    if isinstance(geometry, GeometryMap):
+        return geometry
+    try:
+        from flax import nnx
+
+        if isinstance(geometry, nnx.Module):
+            return GeometryMap.from_nnx(geometry)
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(geometry, Mapping) and _looks_like_regex_dict(geometry):
+        return GeometryMap(geometry)
+    return GeometryMap(tree=geometry)
+
+
+def _looks_like_regex_dict(d: Mapping) -> bool:
+    """A regex dict maps patterns straight to overrides; an explicit geometry
+    tree is nested like the params it describes."""
+
+    def is_override(v):
+        if isinstance(v, (Geometry, str)) or callable(v):
+            return True
+        return isinstance(v, Mapping) and bool(set(v) & {"kind", "fan_in_axes", "fan_out_axes"})
+
+    return all(isinstance(k, str) for k in d) and all(is_override(v) for v in d.values())
+
+
+def infer_geometry(params, geometry: GeometryLike = None) -> Any:
+    """The geometry tree of ``params`` (same structure, :class:`Geometry` leaves).
+
+    Args:
+      params: a Linen param dict, an ``nnx.State`` or any pytree of arrays.
+      geometry: overrides; see :func:`as_geometry_map`.
+    """
+    return as_geometry_map(geometry).tree(params)
+
+
+def map_with_geometry(fn: Callable, geometry: GeometryLike, tree, *rest):
+    """``tree_map`` over ``tree`` (and same-structure ``rest``) calling
+    ``fn(geometry, leaf, *rest_leaves)`` with each leaf's :class:`Geometry`.
+
+    ``None`` leaves (and optax ``MaskedNode``s) pass through untouched.
+    """
+    gmap = as_geometry_map(geometry)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    rest_flat = [treedef.flatten_up_to(r) for r in rest]
+    paths = [path_str(p) for p, _ in flat]
+    shapes = [tuple(np.shape(x)) for _, x in flat]
+    is_array = [hasattr(x, "shape") for _, x in flat]
+    geoms = gmap.resolve(
+        [p for p, a in zip(paths, is_array) if a], [s for s, a in zip(shapes, is_array) if a]
+    )
+    it = iter(geoms)
+    out = []
+    for i, (_, x) in enumerate(flat):
+        if is_array[i]:
+            out.append(fn(next(it), x, *(r[i] for r in rest_flat)))
+        else:
+            out.append(x)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def label_by_geometry(
+    label_fn: Callable[[str, Geometry], str], geometry: GeometryLike = None
+) -> Callable[[Any], Any]:
+    """A ``param_labels`` callable for ``optax.partition`` driven by geometry.
+
+    Args:
+      label_fn: ``(path, geometry) -> label`` for every array leaf.
+      geometry: overrides; see :func:`as_geometry_map`.
+
+    Returns:
+      ``params -> tree of labels`` with the structure of ``params``.
+    """
+    gmap = as_geometry_map(geometry)
+
+    def labels(params):
+        flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+        paths = [path_str(p) for p, _ in flat]
+        geoms = gmap.resolve(paths, [tuple(np.shape(x)) for _, x in flat])
+        return jax.tree_util.tree_unflatten(treedef, [label_fn(p, g) for p, g in zip(paths, geoms)])
+
+    return labels
