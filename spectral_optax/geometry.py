@@ -576,11 +576,16 @@ def infer_geometry(params, geometry: GeometryLike = None) -> Any:
     return as_geometry_map(geometry).tree(params)
 
 
-def map_with_geometry(fn: Callable, geometry: GeometryLike, tree, *rest):
+def map_with_geometry(
+    fn: Callable, geometry: GeometryLike, tree, *rest, num_outputs: int = 1, with_path: bool = False
+):
     """``tree_map`` over ``tree`` (and same-structure ``rest``) calling
     ``fn(geometry, leaf, *rest_leaves)`` with each leaf's :class:`Geometry`.
 
-    ``None`` leaves (and optax ``MaskedNode``s) pass through untouched.
+    ``None`` leaves (and optax ``MaskedNode``s) pass through untouched. With
+    ``num_outputs=n > 1``, ``fn`` returns an n-tuple and a tuple of n trees is
+    returned (non-array leaves are copied into each). With ``with_path=True``
+    ``fn(path, geometry, leaf, *rest_leaves)`` also gets the '/'-joined path.
     """
     gmap = as_geometry_map(geometry)
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
@@ -595,10 +600,14 @@ def map_with_geometry(fn: Callable, geometry: GeometryLike, tree, *rest):
     out = []
     for i, (_, x) in enumerate(flat):
         if is_array[i]:
-            out.append(fn(next(it), x, *(r[i] for r in rest_flat)))
+            args = (paths[i],) if with_path else ()
+            y = fn(*args, next(it), x, *(r[i] for r in rest_flat))
         else:
-            out.append(x)
-    return jax.tree_util.tree_unflatten(treedef, out)
+            y = (x,) * num_outputs if num_outputs > 1 else x
+        out.append(y)
+    if num_outputs == 1:
+        return jax.tree_util.tree_unflatten(treedef, out)
+    return tuple(jax.tree_util.tree_unflatten(treedef, [y[k] for y in out]) for k in range(num_outputs))
 
 
 def label_by_geometry(

@@ -1,0 +1,114 @@
+"""``scale_by_parametrization1``: muP / Parametrization-1 per-layer learning rates.
+
+With the effective input width ``n_in`` (``d_in`` for matrices, 1 for
+embeddings and vectors, whose inputs are one-hot or constant) the per-layer
+learning-rate multiplier is
+
+    SGD:          eta_l = eta * d_out / n_in        (spectral condition)
+    Adam / sign:  eta_l = eta / n_in                (muP's Adam table)
+
+so hidden layers of width n get ``eta`` (SGD) or ``eta / n`` (Adam), the
+input layer ``eta * n`` (SGD) or ``eta`` (Adam), the read-out layer ``eta / n``
+(both), biases ``eta * d_out`` (SGD) or ``eta`` (Adam).
+
+With ``base`` (the parameters, or their shapes, of the model at the width
+where the learning rate was tuned) each multiplier is divided by its value
+at the base shape: the base model gets multiplier 1 everywhere, i.e. plain
+SGD / Adam with the tuned learning rate, and wider models inherit it.
+
+References:
+  Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning",
+  Parametrization 1. Yang et al. (2021), "Tensor Programs V" (muP tables,
+  base shapes). REFERENCE.md section 2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import optax
+
+from spectral_optax.geometry import Geometry, GeometryError, GeometryLike, as_geometry_map, map_with_geometry
+
+KINDS = ("sgd", "adam")
+
+
+def lr_multiplier(geometry: Geometry, kind: str) -> float:
+    """Parametrization-1 learning-rate multiplier of one parameter.
+
+    ``d_out / n_in`` for ``kind='sgd'``, ``1 / n_in`` for ``kind='adam'``,
+    with ``n_in = geometry.input_width``.
+    """
+    if kind == "sgd":
+        return geometry.d_out / geometry.input_width
+    if kind == "adam":
+        return 1.0 / geometry.input_width
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+
+def base_multipliers(base: Any, kind: str, geometry: GeometryLike = None) -> dict[str, float]:
+    """Multipliers of the base model by parameter path (``base``: params or shapes)."""
+    return {p: lr_multiplier(g, kind) for p, g in as_geometry_map(geometry).leaves(base)}
+
+
+def relative_multipliers(params: Any, kind: str, *, base: Any = None, geometry: GeometryLike = None):
+    """``{path: multiplier}`` for every leaf of ``params`` (relative to ``base`` when given)."""
+    gmap = as_geometry_map(geometry)
+    at_base = base_multipliers(base, kind, gmap) if base is not None else None
+    return {
+        path: lr_multiplier(g, kind) / (_lookup_base(at_base, path) if at_base is not None else 1.0)
+        for path, g in gmap.leaves(params)
+    }
+
+
+def _lookup_base(at_base: dict[str, float], path: str) -> float:
+    if path not in at_base:
+        raise GeometryError(
+            f"parameter '{path}' is missing from `base`: pass the base model's params (same tree "
+            "at the base width), e.g. base=model_at_base_width.init(key, x)['params']"
+        )
+    return at_base[path]
+
+
+def scale_by_parametrization1(
+    kind: str = "sgd",
+    *,
+    base: Any = None,
+    geometry: GeometryLike = None,
+) -> optax.GradientTransformation:
+    """Multiply each update by its Parametrization-1 learning-rate multiplier.
+
+    ``u_l <- (d_out / n_in) u_l`` (SGD) or ``u_l <- u_l / n_in`` (Adam), each
+    divided by the same quantity at ``base`` when given. Stateless.
+
+    Args:
+      kind: ``'sgd'`` or ``'adam'`` (Adam, sign descent, Lion: any update with
+        entries of size Theta(1)).
+      base: params (or ``jax.ShapeDtypeStruct`` tree) of the model at the base
+        width; multipliers become 1 there. ``None``: absolute multipliers.
+      geometry: geometry overrides, see :func:`spectral_optax.as_geometry_map`.
+
+    Returns:
+      An ``optax.GradientTransformation``; updates keep their dtype.
+
+    References:
+      Yang, Simon, Bernstein (2023), Parametrization 1; Yang et al. (2021), muP.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    gmap = as_geometry_map(geometry)
+    at_base = base_multipliers(base, kind, gmap) if base is not None else None
+
+    def update_fn(updates, state, params=None):
+        del params
+
+        def leaf(path: str, g: Geometry, u):
+            m = lr_multiplier(g, kind)
+            if at_base is not None:
+                m = m / _lookup_base(at_base, path)
+            return u * jnp.asarray(m, u.dtype)
+
+        return map_with_geometry(leaf, gmap, updates, with_path=True), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)

@@ -1,0 +1,113 @@
+"""``scale_by_spectral_norm``: updates with the spectral condition's size.
+
+Every matrix update (per batch slice of the canonical view) is rescaled to
+spectral norm ``sqrt(d_out / d_in)``:
+
+    U = sqrt(d_out / d_in) * G / ||G||_*,
+
+with ``||G||_*`` replaced by ``||G||_F`` (``method='frobenius'``, default:
+cheap, exact for rank-1 gradients, and within a factor ``sqrt(stable rank)``
+otherwise) or estimated by warm-started power iteration
+(``method='power'``). Embeddings (one-hot input, l1 -> RMS): every token's
+fan-out vector is scaled to RMS 1. Vectors (biases, norm scales; a matrix
+fed by a constant input of width 1): the vector is scaled to RMS 1, which is
+spectral norm ``sqrt(d_out / 1)``.
+
+References:
+  Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning",
+  Condition 1 and section 3. REFERENCE.md sections 2-3.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from spectral_optax.duals.embedding import normalize_fan_out_rms
+from spectral_optax.duals.spectral import frobenius_normalize, spectral_normalize_power
+from spectral_optax.geometry import Geometry, GeometryLike, from_matrix, map_with_geometry, to_matrix
+
+METHODS = ("frobenius", "power")
+
+
+class ScaleBySpectralNormState(NamedTuple):
+    """``count``: updates so far. ``right_vectors``: warm-start right singular
+    vectors ``(num_slices, d_out)`` per matrix leaf (``method='power'``);
+    empty arrays otherwise."""
+
+    count: jax.Array
+    right_vectors: Any
+
+
+def _empty(_g, _x):
+    return jnp.zeros((0,), jnp.float32)
+
+
+def scale_by_spectral_norm(
+    *,
+    method: str = "frobenius",
+    power_iterations: int = 2,
+    initial_power_iterations: int = 20,
+    geometry: GeometryLike = None,
+) -> optax.GradientTransformation:
+    """Rescale each update to the spectral condition's norm, per batch slice.
+
+    Matrices: ``sqrt(d_out / d_in) * G / ||G||_*``; embeddings: each token's
+    fan-out vector to RMS 1; vectors: RMS 1. Zero gradients give zero updates.
+
+    Args:
+      method: ``'frobenius'`` (``||G||_*`` replaced by ``||G||_F``) or
+        ``'power'`` (warm-started power iteration; vectors kept in the state).
+      power_iterations: power-iteration steps per update (``method='power'``).
+      initial_power_iterations: steps at the first update, from random vectors.
+      geometry: geometry overrides, see :func:`spectral_optax.as_geometry_map`.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    References:
+      Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning".
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if power_iterations < 1 or initial_power_iterations < 1:
+        raise ValueError("power_iterations and initial_power_iterations must be >= 1")
+
+    def init_fn(params):
+        count = jnp.zeros([], jnp.int32)
+        if method != "power":
+            return ScaleBySpectralNormState(count, map_with_geometry(_empty, geometry, params))
+        counter = iter(range(1 << 30))
+
+        def init_vectors(g: Geometry, x):
+            if g.kind != "matrix":
+                return _empty(g, x)
+            key = jax.random.fold_in(jax.random.key(0), next(counter))
+            return jax.random.normal(key, (g.num_slices, g.d_out), jnp.float32)
+
+        return ScaleBySpectralNormState(count, map_with_geometry(init_vectors, geometry, params))
+
+    def update_fn(updates, state, params=None):
+        del params
+        iterations = jnp.where(state.count == 0, initial_power_iterations, power_iterations)
+
+        def leaf(g: Geometry, u, v):
+            m = to_matrix(u, g)
+            if g.kind != "matrix":
+                return from_matrix(normalize_fan_out_rms(m), g), v
+            if method == "frobenius":
+                d = frobenius_normalize(m)
+            else:
+                d, v = spectral_normalize_power(m, v, iterations)
+            return from_matrix(d * jnp.asarray(g.target_spectral_norm, d.dtype), g), v
+
+        new_updates, new_vectors = map_with_geometry(
+            leaf, geometry, updates, state.right_vectors, num_outputs=2
+        )
+        count = optax.safe_increment(state.count)
+        return new_updates, ScaleBySpectralNormState(count, new_vectors)
+
+    return optax.GradientTransformation(init_fn, update_fn)
