@@ -21,3 +21,4 @@ __version__ = "0.1.0"
 from spectral_optax.transforms.spectral import ScaleBySpectralNormState, scale_by_spectral_norm
 from spectral_optax.transforms.parametrization import lr_multiplier, scale_by_parametrization1
 from spectral_optax.optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
+from spectral_optax.describe import describe

@@ -73,8 +73,11 @@ def scale_by_spectral_norm(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if power_iterations < 1 or initial_power_iterations < 1:
-        raise ValueError("power_iterations and initial_power_iterations must be >= 1")
+    for name, value in (("power_iterations", power_iterations), ("initial_power_iterations", initial_power_iterations)):
+        # Values injected by optax.inject_hyperparams arrive as tracers: they
+        # are only checked when concrete.
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
 
     def init_fn(params):
         count = jnp.zeros([], jnp.int32)

@@ -1,0 +1,79 @@
+"""``describe(params)``: the geometry of every parameter, as a table.
+
+One row per leaf: path, shape, kind (and role), ``d_in``, ``d_out``, batch
+axes, the spectral condition's target norm ``sqrt(d_out / n_in)`` (``n_in``
+= 1 for embeddings and vectors) and the Parametrization-1 learning-rate
+multipliers for SGD (``d_out / n_in``) and Adam (``1 / n_in``), relative to
+``base`` when given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spectral_optax.geometry import GeometryLike, as_geometry_map
+from spectral_optax.transforms.parametrization import relative_multipliers
+
+_COLUMNS = ("path", "shape", "kind", "d_in", "d_out", "batch_axes", "target_norm", "lr_sgd", "lr_adam")
+
+
+def describe(params: Any, geometry: GeometryLike = None, *, base: Any = None, print_table: bool = True):
+    """Tabulate the geometry of ``params`` and return the rows.
+
+    Args:
+      params: a Linen param dict, an ``nnx.State`` or any pytree of arrays
+        (or ``jax.ShapeDtypeStruct``).
+      geometry: overrides or a model-derived map, see
+        :func:`spectral_optax.as_geometry_map`.
+      base: params (or shapes) at the base width: the LR multipliers are
+        then relative to it.
+      print_table: print the table.
+
+    Returns:
+      A list of dicts with keys ``path, shape, kind, role, d_in, d_out,
+      batch_axes, num_slices, target_norm, lr_sgd, lr_adam``.
+
+    Raises:
+      GeometryError: a leaf no rule covers; the message names it and shows
+        the override that fixes it.
+    """
+    gmap = as_geometry_map(geometry)
+    sgd = relative_multipliers(params, "sgd", base=base, geometry=gmap)
+    adam = relative_multipliers(params, "adam", base=base, geometry=gmap)
+    rows = []
+    for path, g in gmap.leaves(params):
+        rows.append(
+            dict(
+                path=path,
+                shape=g.shape,
+                kind=g.kind if g.role == "hidden" else f"{g.kind}/{g.role}",
+                role=g.role,
+                d_in=g.d_in,
+                d_out=g.d_out,
+                batch_axes=g.batch_axes,
+                num_slices=g.num_slices,
+                target_norm=g.target_spectral_norm,
+                lr_sgd=sgd[path],
+                lr_adam=adam[path],
+            )
+        )
+    if print_table:
+        print(format_table(rows))
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """Render :func:`describe`'s rows as an aligned text table."""
+
+    def cell(key, value):
+        if key in ("target_norm", "lr_sgd", "lr_adam"):
+            return f"{value:.4g}"
+        if key == "batch_axes":
+            return ",".join(map(str, value)) or "-"
+        return str(value)
+
+    table = [list(_COLUMNS)] + [[cell(k, r[k]) for k in _COLUMNS] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
