@@ -1,0 +1,209 @@
+"""Row-wise and column-wise dual maps: steepest descent under (p,mean)->inf
+and (1,mean)->(q,mean) operator norms, plus sign descent.
+
+All functions act on the canonical view ``m`` of shape
+``(num_slices, d_in, d_out)`` produced by :func:`spectral_optax.to_matrix`
+(Flax layout ``y = x @ W``): axis 1 is the fan-in, axis 2 the fan-out. Each
+slice (stacked layer, QKV block, ...) is treated independently.
+
+**Row dual, (p,mean) -> inf.** With ``||x||_{p,mean} = d_in^{-1/p} ||x||_p``,
+``||W||_{(p,mean)->inf} = d_in^{1/p} max_i ||w_i||_{p*}`` where ``w_i`` is the
+fan-in vector of output neuron ``i`` (a *column* of a Flax kernel, a *row*
+of a PyTorch weight) and ``p* = p/(p-1)``. The steepest-descent direction
+``argmax_{||D|| <= 1} <G, D>`` is, for every output ``i``,
+
+    d_i = sign(g_i) |g_i|^(p-1) / ||g_i||_p^(p-1) * d_in^(-1/p),
+
+so ``||d_i||_{p*} = d_in^(-1/p)``, ``||D||_{(p,mean)->inf} = 1`` and
+``<g_i, d_i> = d_in^(-1/p) ||g_i||_p``. ``p = 1`` gives ``sign(G) / d_in``.
+
+**Column dual, (1,mean) -> (q,mean).** ``||W||_{(1,mean)->(q,mean)} =
+d_in d_out^(-1/q) max_j ||h_j||_q`` with ``h_j`` the fan-out vector of input
+``j``; the direction is, with ``q* = q/(q-1)``,
+
+    d_j = sign(h_j) |h_j|^(q*-1) / ||h_j||_{q*}^(q*-1) * d_out^(1/q) / d_in.
+
+``q = inf`` gives ``sign(G) / d_in`` again; ``q = 2`` gives every fan-out
+vector RMS ``1/d_in``.
+
+**Numerics.** Every power is taken of the max-normalized magnitude
+``a = |g| / max|g|`` (per reduced vector, computed in float32 or wider), so
+``a`` lies in ``[0, 1]``, ``sum a^p >= 1`` whenever the vector is nonzero, and
+1e-30 / 1e30 / bf16 inputs give finite results; the direction is invariant to
+that rescaling. ``a^(p-1)`` is computed once and reused for ``a^p = a *
+a^(p-1)``: for static integer and half-integer exponents with integer
+multiplications and one ``sqrt`` (p = 1.5, 2, 2.5, 3 never call ``exp``/``log``);
+for other or traced (e.g. ``inject_hyperparams``) exponents with
+``jnp.power`` (``exp((p-1) log a)``, with ``0^x = 0`` for x > 0 and ``0^0 = 1``).
+``p = 1`` (static) returns ``sign`` exactly. All-zero vectors map to zero.
+The result is cast back to the input's dtype.
+
+References:
+  Large, Bernstein et al. (2024), "Scalable Optimization in the Modular Norm";
+  Bernstein & Newhouse (2024), "Old Optimizer, New Norm";
+  Wong, Xu, Li, Lu (2026) (MOGA, p in {1.5, 2, 2.5}). REFERENCE.md section 3.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["lp_dual_direction", "row_normalize", "column_normalize", "sign"]
+
+Exponent = Any  # float, or a (traced) scalar array under inject_hyperparams
+
+
+def _static(x) -> float | None:
+    """``float(x)`` when ``x`` is a concrete Python/NumPy number, else None."""
+    if isinstance(x, (int, float)):
+        return float(x)
+    try:
+        return float(x)  # a concrete scalar array
+    except (TypeError, jax.errors.ConcretizationTypeError):  # a tracer: handle numerically
+        return None
+
+
+def _compute_dtype(x):
+    return jnp.promote_types(x.dtype, jnp.float32)
+
+
+def _pow_static(a, e: float):
+    """``a**e`` for ``a`` in [0, 1] and a static ``e >= 0``; integer and
+    half-integer ``e`` use multiplications and one ``sqrt``."""
+    if e == 0.0:
+        return jnp.ones_like(a)
+    if float(e).is_integer():
+        return jax.lax.integer_pow(a, int(e))
+    if float(2 * e).is_integer():
+        k = int(math.floor(e))
+        root = jnp.sqrt(a)
+        return root if k == 0 else jax.lax.integer_pow(a, k) * root
+    return jnp.power(a, e)
+
+
+def lp_dual_direction(x: jax.Array, r: Exponent, axis: int) -> jax.Array:
+    """``sign(x) |x|^(r-1) / ||x||_r^(r-1)`` along ``axis``, for ``r >= 1``.
+
+    The maximizer of ``<x, d>`` over ``||d||_{r*} <= 1`` (``r* = r/(r-1)``):
+    it has unit ``l_{r*}`` norm and ``<x, d> = ||x||_r``. Zero vectors give 0.
+    Computed on ``|x| / max|x|`` in float32 or wider (see module docstring);
+    returns the compute dtype (callers cast back).
+    """
+    x = x.astype(_compute_dtype(x))
+    r_static = _static(r)
+    if r_static == 1.0:
+        return jnp.sign(x)
+    mag = jnp.abs(x)
+    peak = jnp.max(mag, axis=axis, keepdims=True)
+    peak = jnp.where(peak > 0, peak, jnp.ones_like(peak))
+    if r_static == 2.0:  # plain l2 normalization, no powers
+        y = x / peak
+        norm = jnp.sqrt(jnp.sum(y * y, axis=axis, keepdims=True))
+        return y / jnp.where(norm > 0, norm, jnp.ones_like(norm))
+    a = mag / peak
+    if r_static is not None:
+        t = _pow_static(a, r_static - 1.0)  # a^(r-1)
+        s = jnp.sum(a * t, axis=axis, keepdims=True)  # sum a^r, >= 1 unless zero
+        denom = s ** ((r_static - 1.0) / r_static)
+    else:
+        r = jnp.asarray(r, x.dtype)
+        t = jnp.power(a, r - 1.0)
+        s = jnp.sum(a * t, axis=axis, keepdims=True)
+        denom = jnp.power(s, (r - 1.0) / r)
+    denom = jnp.where(denom > 0, denom, jnp.ones_like(denom))
+    return jnp.sign(x) * (t / denom)
+
+
+def _check_p(p, name="p"):
+    v = _static(p)
+    if v is not None and not (1.0 <= v < math.inf):
+        raise ValueError(f"{name} must be in [1, inf), got {p!r}")
+
+
+def _check_q(q):
+    v = _static(q)
+    if v is not None and not (v > 1.0):
+        raise ValueError(f"q must be in (1, inf] (q = inf gives sign(G) / d_in), got {q!r}")
+
+
+def _conjugate(q):
+    """``q* = q / (q - 1)``, with ``inf* = 1``."""
+    v = _static(q)
+    if v is not None:
+        return 1.0 if math.isinf(v) else v / (v - 1.0)
+    q = jnp.asarray(q, jnp.float32)
+    return jnp.where(jnp.isinf(q), 1.0, q / jnp.where(jnp.isinf(q), 2.0, q - 1.0))
+
+
+def row_normalize(m: jax.Array, p: Exponent = 2.0, *, fan_scaling: bool = True) -> jax.Array:
+    """Steepest-descent direction of the (p,mean) -> inf norm ("row" / MOGA).
+
+    For every slice and every fan-out index ``i`` (axis 2), the fan-in vector
+    ``g_i = m[s, :, i]`` becomes
+    ``sign(g_i) |g_i|^(p-1) / ||g_i||_p^(p-1) * d_in^(-1/p)``.
+
+    Args:
+      m: canonical view ``(num_slices, d_in, d_out)`` (any float dtype).
+      p: input norm exponent, ``1 <= p < inf``; ``p = 1`` is ``sign(m) / d_in``.
+      fan_scaling: multiply by ``d_in^(-1/p)`` (True: the exact dual map, unit
+        (p,mean)->inf norm); False leaves every fan-in vector at unit
+        ``l_{p*}`` norm (MOGA's output-head rule).
+
+    Returns:
+      The direction, same shape and dtype as ``m``.
+    """
+    _check_p(p)
+    if m.ndim != 3:
+        raise ValueError(f"row_normalize expects the canonical (num_slices, d_in, d_out) view, got shape {m.shape}")
+    d = lp_dual_direction(m, p, axis=1)
+    if fan_scaling:
+        d_in = m.shape[1]
+        pv = _static(p)
+        scale = d_in ** (-1.0 / pv) if pv is not None else jnp.power(float(d_in), -1.0 / jnp.asarray(p, d.dtype))
+        d = d * jnp.asarray(scale, d.dtype)
+    return d.astype(m.dtype)
+
+
+def column_normalize(m: jax.Array, q: Exponent = 2.0, *, fan_scaling: bool = True) -> jax.Array:
+    """Steepest-descent direction of the (1,mean) -> (q,mean) norm ("column").
+
+    For every slice and every fan-in index ``j`` (axis 1), the fan-out vector
+    ``h_j = m[s, j, :]`` becomes
+    ``sign(h_j) |h_j|^(q*-1) / ||h_j||_{q*}^(q*-1) * d_out^(1/q) / d_in``,
+    ``q* = q/(q-1)``.
+
+    Args:
+      m: canonical view ``(num_slices, d_in, d_out)``.
+      q: output norm exponent, ``1 < q <= inf``; ``q = inf`` is ``sign(m) / d_in``.
+      fan_scaling: multiply by ``d_out^(1/q) / d_in`` (True: the exact dual
+        map, unit (1,mean)->(q,mean) norm); False leaves unit ``l_q`` rows.
+
+    Returns:
+      The direction, same shape and dtype as ``m``.
+    """
+    _check_q(q)
+    if m.ndim != 3:
+        raise ValueError(
+            f"column_normalize expects the canonical (num_slices, d_in, d_out) view, got shape {m.shape}"
+        )
+    d = lp_dual_direction(m, _conjugate(q), axis=2)
+    if fan_scaling:
+        d_in, d_out = m.shape[1], m.shape[2]
+        qv = _static(q)
+        if qv is not None:
+            scale = (1.0 if math.isinf(qv) else d_out ** (1.0 / qv)) / d_in
+        else:
+            scale = jnp.power(float(d_out), 1.0 / jnp.asarray(q, d.dtype)) / d_in
+        d = d * jnp.asarray(scale, d.dtype)
+    return d.astype(m.dtype)
+
+
+def sign(m: jax.Array) -> jax.Array:
+    """``sign(m)``: the steepest-descent direction of the max-entry norm
+    (the (1,mean)->(inf,mean) dual without its ``1/d_in``). Elementwise, so
+    it needs no canonical view; dtype preserved, ``sign(0) = 0``."""
+    return jnp.sign(m)
