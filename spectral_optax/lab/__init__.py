@@ -1,0 +1,78 @@
+"""The transfer lab: embedded data, vmapped LR sweeps, resumable results, plots.
+
+The tool to see learning-rate transfer with your own eyes: train one model
+family at several sizes (widths or depths) over an LR grid and check that the
+best LR does not move.
+
+API (all public, used by the benchmarks and reusable for any sweep)::
+
+    import spectral_optax as so
+    from spectral_optax import lab
+
+    data = lab.text(context=8)             # embedded pydoc text, next-byte task
+    # also: lab.digits(), lab.digits_binary((3, 8)), lab.text(path),
+    #       lab.cifar(dir, num_classes=10|100), lab.load('text' | 'cifar10:DIR' ...)
+
+    family = lab.mlp_family(data, vary='width', depth=1, init='spectral')
+    #   a family is any callable size -> lab.Model(init, apply, loss):
+    #     init(key) -> params; apply(params, x) -> outputs;
+    #     loss(params, x, y) -> scalar.  lab.Model.from_linen(module, x, 'xent')
+    #   wraps any Linen module; mlp_family(..., vary='depth', residual=True,
+    #   alpha=lambda K: 2 / K) gives residual MLPs over depth.
+
+    base = family(64).shapes()             # muP base shapes, if the optimizer needs them
+    opt = lambda lr, size: so.mup_adamw(lr, base=base)
+    #   an optimizer factory: (lr, size) -> optax.GradientTransformation (or lr -> ...),
+    #   called inside vmap with a traced scalar lr.
+
+    res = lab.sweep(family, opt, sizes=[64, 256, 1024], lrs=lab.lr_grid(1e-2, 10),
+                    data=data, steps=300, batch_size=64, seeds=[0, 1],
+                    results='results/width.jsonl', name='mup_adamw', size_name='width')
+    res.runs        # one dict per run: size, seed, lr, train_loss (mean of the last
+                    # 5% of steps), val_loss, diverged, curve, ...
+    res.summary()   # {'best_lr': {size: lr}, 'spread_steps': x, 'loss_at_best': {...},
+                    #  'best_lr_grid', 'at_edge', 'diverged', 'grid_ratio', ...}
+    res.plot('width.png')                  # loss vs LR, one curve per size, stars at optima
+    lab.plot_sweeps({'mup_adamw': res, ...}, 'all.png')
+
+All LRs x seeds of one size train in one compiled program (vmap over runs,
+scan over steps). Every finished run is appended to the JSONL results file;
+rerunning the same call skips recorded runs (interrupt-safe). Diverged runs
+are recorded with ``diverged: true``.
+
+Spread in grid steps = ``log2(max best LR / min best LR) / log2(grid ratio)``,
+with each best LR refined by a parabola fit in log-LR around the grid
+minimum (:func:`refine_minimum`). Always read it next to ``loss_at_best``: a
+task whose loss reaches its floor over a wide LR band has no well-defined
+best LR.
+"""
+
+from spectral_optax.lab.data import (
+    DataError,
+    Dataset,
+    cifar,
+    digits,
+    digits_binary,
+    load,
+    text,
+)
+from spectral_optax.lab.models import MLP, Model, embed_init, kernel_init, loss_for, mlp_family
+from spectral_optax.lab.plots import plot_sweep, plot_sweeps, savefig
+from spectral_optax.lab.sweep import (
+    SweepResult,
+    append_run,
+    load_runs,
+    lr_grid,
+    refine_minimum,
+    spread_steps,
+    summarize,
+    sweep,
+)
+
+__all__ = [
+    "DataError", "Dataset", "cifar", "digits", "digits_binary", "load", "text",
+    "MLP", "Model", "embed_init", "kernel_init", "loss_for", "mlp_family",
+    "plot_sweep", "plot_sweeps", "savefig",
+    "SweepResult", "append_run", "load_runs", "lr_grid", "refine_minimum", "spread_steps",
+    "summarize", "sweep",
+]

@@ -1,0 +1,231 @@
+"""Model families for the lab: MLPs and residual MLPs over any lab dataset.
+
+A *model* here is a :class:`Model` ``(init, apply, loss)`` of pure functions,
+and a *family* is ``size -> Model`` (size = width, or depth, ...). The sweep
+harness only sees these, so any Flax Linen / NNX / hand-written model plugs in
+through :meth:`Model.from_linen` or by building the three functions.
+
+Parametrizations (``MLP(parametrization=...)``, ``mlp_family(init=...)``):
+  * ``'spectral'``: Parametrization 1 (spectral condition). Dense kernels
+    ``N(0, gain^2 / d_in * min(1, d_out / d_in))`` (``gain = sqrt(2)`` for
+    ReLU), embeddings ``N(0, 1)`` (Theta(1) entries at every width), biases 0.
+  * ``'standard'``: Flax's defaults (LeCun-normal kernels, embeddings with std
+    ``1 / sqrt(features)``): the standard parametrization (SP) baseline.
+
+Module names follow Flax conventions the geometry inference understands:
+``embed`` (an ``nn.Embed``), ``Dense_i`` / ``block_i`` hidden kernels and
+``head`` (role ``'output'``).
+
+References:
+  Yang, Simon, Bernstein (2023), Parametrization 1. REFERENCE.md sections 2, 5.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+__all__ = ["Model", "MLP", "kernel_init", "embed_init", "mlp_family", "loss_for"]
+
+INITS = ("spectral", "standard")
+
+
+# --------------------------------------------------------------------------
+# Initializers (the package's when available, a faithful fallback otherwise).
+# --------------------------------------------------------------------------
+def _fallback_spectral_normal(gain: float):
+    def init(key, shape, dtype=jnp.float32):
+        d_in, d_out = math.prod(shape[:-1]), shape[-1]
+        std = gain / math.sqrt(d_in) * min(1.0, math.sqrt(d_out / d_in))
+        return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+    return init
+
+
+def kernel_init(init: str = "spectral", gain: float = math.sqrt(2.0)):
+    """Dense-kernel initializer for parametrization ``init``."""
+    if init == "standard":
+        return nn.initializers.lecun_normal()
+    if init != "spectral":
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    try:
+        from spectral_optax.initializers import spectral_normal
+
+        return spectral_normal(gain=gain)
+    except ImportError:  # pragma: no cover - the package ships initializers
+        return _fallback_spectral_normal(gain)
+
+
+def embed_init(init: str = "spectral"):
+    """Embedding initializer: ``N(0, 1)`` (spectral) or Flax's default (standard)."""
+    if init == "standard":
+        return nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
+    if init != "spectral":
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    return nn.initializers.normal(1.0)
+
+
+# --------------------------------------------------------------------------
+# Models.
+# --------------------------------------------------------------------------
+class Model(NamedTuple):
+    """Pure functions of one model.
+
+    Attributes:
+      init: ``key -> params``.
+      apply: ``(params, x) -> outputs`` (logits, or a scalar per example).
+      loss: ``(params, x, y) -> scalar`` mean loss over the batch.
+    """
+
+    init: Callable[[jax.Array], Any]
+    apply: Callable[[Any, jax.Array], jax.Array]
+    loss: Callable[[Any, jax.Array, jax.Array], jax.Array]
+
+    def shapes(self):
+        """The parameter tree as ``jax.ShapeDtypeStruct`` leaves (no compute)."""
+        return jax.eval_shape(self.init, jax.random.key(0))
+
+    @classmethod
+    def from_linen(cls, module: nn.Module, example_x, loss: str | Callable = "xent") -> Model:
+        """Wrap a Linen module: ``init`` on ``example_x``; ``loss`` by name or
+        ``(outputs, y) -> per-example loss``."""
+        per_example = loss_for(loss)
+        example_x = jnp.asarray(example_x)
+
+        def init(key):
+            return module.init(key, example_x)["params"]
+
+        def apply(params, x):
+            return module.apply({"params": params}, x)
+
+        def loss_fn(params, x, y):
+            return jnp.mean(per_example(apply(params, x), y))
+
+        return cls(init, apply, loss_fn)
+
+
+def loss_for(loss: str | Callable) -> Callable:
+    """Per-example loss ``(outputs, y)``: ``'xent'`` (integer labels) or
+    ``'mse'`` (``0.5 (f - y)^2`` on a scalar output), or a callable."""
+    if callable(loss):
+        return loss
+    if loss == "xent":
+        return lambda logits, y: optax.softmax_cross_entropy_with_integer_labels(
+            logits.astype(jnp.float32), y
+        )
+    if loss == "mse":
+        return lambda f, y: 0.5 * (f.reshape(y.shape).astype(jnp.float32) - y) ** 2
+    raise ValueError(f"loss must be 'xent', 'mse' or a callable, got {loss!r}")
+
+
+class MLP(nn.Module):
+    """An MLP (or residual MLP) over images, vectors or byte contexts.
+
+    Input layer: ``'dense'`` (flattened input -> width) or ``'bytes'`` (each of
+    the ``context`` byte ids, offset by its position, indexes one embedding
+    table of ``context * 256`` rows; the rows are summed). Then ``depth``
+    hidden layers of width ``width``: plain ``h <- act(Dense(h))``, or with
+    ``residual=True`` blocks ``h <- h + alpha * Dense(act(Dense(act(h))))``
+    (two linear layers per branch, REFERENCE.md section 5). A ``head`` Dense
+    maps to ``num_outputs``.
+
+    Attributes:
+      width, depth, num_outputs: sizes.
+      input: ``'dense'`` or ``'bytes'``.
+      residual: residual blocks instead of plain layers.
+      alpha: branch multiplier (``None``: 1).
+      parametrization: ``'spectral'`` or ``'standard'`` (see module docstring).
+      use_bias: biases on every Dense (init 0).
+      gain: kernel gain for ``'spectral'`` (``sqrt(2)`` for ReLU).
+      head_init: override of the head kernel initializer (e.g. zeros).
+      dtype: parameter dtype.
+    """
+
+    width: int
+    depth: int = 1
+    num_outputs: int = 10
+    input: str = "dense"
+    residual: bool = False
+    alpha: float | None = None
+    parametrization: str = "spectral"
+    use_bias: bool = False
+    gain: float = math.sqrt(2.0)
+    head_init: Callable | None = None
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        kinit = kernel_init(self.parametrization, self.gain)
+        dense = lambda n, name, k=kinit: nn.Dense(
+            n, use_bias=self.use_bias, kernel_init=k, param_dtype=self.dtype, name=name
+        )
+        if self.input == "bytes":
+            context = x.shape[-1]
+            ids = x.astype(jnp.int32) + 256 * jnp.arange(context)
+            table = nn.Embed(
+                context * 256, self.width, embedding_init=embed_init(self.parametrization),
+                param_dtype=self.dtype, name="embed",
+            )
+            h = table(ids).sum(-2)
+            if self.parametrization == "spectral":  # a sum of `context` Theta(1) rows: keep RMS ~ 1
+                h = h / math.sqrt(context)
+        elif self.input == "dense":
+            h = x.reshape(x.shape[0], -1) if x.ndim > 1 else x[None]
+            h = dense(self.width, "Dense_in")(h.astype(self.dtype))
+        else:
+            raise ValueError(f"input must be 'dense' or 'bytes', got {self.input!r}")
+        alpha = 1.0 if self.alpha is None else self.alpha
+        if self.residual:
+            for i in range(self.depth):
+                branch = dense(self.width, f"block_{i}_0")(nn.relu(h))
+                branch = dense(self.width, f"block_{i}_1")(nn.relu(branch))
+                h = h + alpha * branch
+            h = nn.relu(h)
+        else:
+            h = nn.relu(h)
+            for i in range(self.depth):
+                h = nn.relu(dense(self.width, f"Dense_{i}")(h))
+        head_k = self.head_init if self.head_init is not None else kinit
+        return dense(self.num_outputs, "head", head_k)(h)
+
+
+def mlp_family(
+    data, *, vary: str = "width", width: int = 256, depth: int = 1, residual: bool = False,
+    alpha: Callable[[int], float] | float | None = None, init: str = "spectral",
+    loss: str | None = None, **mlp_kwargs,
+) -> Callable[[int], Model]:
+    """``size -> Model``: MLPs on ``data`` varying ``'width'`` or ``'depth'``.
+
+    Args:
+      data: a lab :class:`~spectral_optax.lab.data.Dataset`.
+      vary: which attribute the size sets: ``'width'`` or ``'depth'``.
+      width, depth: the fixed value of the other attribute.
+      residual: residual blocks (see :class:`MLP`).
+      alpha: branch multiplier, a number or ``depth -> alpha`` (e.g.
+        ``lambda K: 2 / K``, the inverse-depth rule).
+      init: ``'spectral'`` or ``'standard'``.
+      loss: ``'xent'`` / ``'mse'``; default from ``data.kind``.
+      **mlp_kwargs: further :class:`MLP` attributes.
+    """
+    if vary not in ("width", "depth"):
+        raise ValueError(f"vary must be 'width' or 'depth', got {vary!r}")
+    loss = loss or ("mse" if data.kind == "regression" else "xent")
+    example_x, _ = data.numpy_batch("train", [0])
+
+    def family(size: int) -> Model:
+        w, d = (size, depth) if vary == "width" else (width, size)
+        a = alpha(d) if callable(alpha) else alpha
+        module = MLP(
+            width=w, depth=d, num_outputs=data.num_outputs,
+            input="bytes" if data.kind == "bytes" else "dense", residual=residual, alpha=a,
+            parametrization=init, **mlp_kwargs,
+        )
+        return Model.from_linen(module, example_x, loss)
+
+    return family

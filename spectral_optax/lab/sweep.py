@@ -1,0 +1,437 @@
+"""Vmapped learning-rate sweeps with resumable JSONL results.
+
+One call of :func:`sweep` trains a model family over a list of sizes and an
+LR grid with several seeds. For each size, every (LR, seed) run still missing
+from the results file trains in **one compiled program** (``vmap`` over the
+runs, ``lax.scan`` over the steps, in a few chunks so a progress bar can
+move). Every finished run is appended as one JSON line; rerunning the same
+call after an interruption skips the runs already recorded, so nothing is
+redone or lost (a half-written last line is ignored with a warning).
+
+Per run it records the final train loss (mean minibatch loss over the last
+5% of steps), the validation loss (on a fixed slice of the validation set),
+a short loss curve, and ``diverged`` (a non-finite loss: such runs are kept,
+never dropped).
+
+:func:`summarize` turns runs into the best LR per size and the **spread in
+grid steps** ``log2(max best LR / min best LR) / log2(grid ratio)``, with the
+best LR refined by a parabola through the grid minimum and its two
+neighbours in log-LR. It also reports the loss at the best LR: the best LR is
+only meaningful where that loss stays clearly above the task's floor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+import os
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+__all__ = [
+    "lr_grid",
+    "sweep",
+    "SweepResult",
+    "summarize",
+    "spread_steps",
+    "refine_minimum",
+    "load_runs",
+    "append_run",
+]
+
+
+# --------------------------------------------------------------------------
+# Grids and the spread.
+# --------------------------------------------------------------------------
+def lr_grid(center: float, num: int = 10, ratio: float = 2.0) -> list[float]:
+    """``num`` learning rates ``center * ratio**k``, ``k = -(num // 2) .. num - 1 - num // 2``."""
+    return [float(center * ratio ** (k - num // 2)) for k in range(num)]
+
+
+def refine_minimum(lrs: Sequence[float], losses: Sequence[float]) -> tuple[float, int]:
+    """Best LR of one loss-vs-LR curve with sub-grid precision.
+
+    Fits a parabola in ``u = log(lr)`` through the grid minimum and its two
+    neighbours and returns its vertex (which lies within half a grid step of
+    the grid minimum). At the grid edge, or when a neighbour diverged
+    (non-finite), returns the grid point.
+
+    Args:
+      lrs: increasing, equally log-spaced learning rates.
+      losses: the loss at each LR (``inf``/``nan`` = diverged).
+
+    Returns:
+      ``(best_lr, index of the grid minimum)``; ``(nan, -1)`` if every run
+      diverged.
+    """
+    lrs = np.asarray(lrs, float)
+    y = np.asarray(losses, float)
+    y = np.where(np.isfinite(y), y, np.inf)
+    if not np.isfinite(y).any():
+        return float("nan"), -1
+    i = int(np.argmin(y))
+    if 0 < i < len(y) - 1 and np.isfinite(y[i - 1]) and np.isfinite(y[i + 1]):
+        u = np.log(lrs)
+        h = 0.5 * (u[i + 1] - u[i - 1])
+        curv = y[i - 1] - 2 * y[i] + y[i + 1]
+        if curv > 0:
+            offset = h * (y[i - 1] - y[i + 1]) / (2 * curv)
+            return float(np.exp(u[i] + np.clip(offset, -h / 2, h / 2))), i
+    return float(lrs[i]), i
+
+
+def spread_steps(best_lrs: Iterable[float], grid_ratio: float = 2.0) -> float:
+    """``log2(max / min) / log2(grid_ratio)`` over the finite best LRs (0 for < 2)."""
+    b = np.asarray([x for x in best_lrs if x is not None and np.isfinite(x) and x > 0], float)
+    if len(b) < 2:
+        return 0.0
+    return float(np.log2(b.max() / b.min()) / np.log2(grid_ratio))
+
+
+def _grid_ratio(lrs: Sequence[float]) -> float:
+    lrs = np.sort(np.unique(np.asarray(lrs, float)))
+    if len(lrs) < 2:
+        return 2.0
+    return float(np.exp(np.median(np.diff(np.log(lrs)))))
+
+
+def summarize(
+    runs: Sequence[dict], *, metric: str = "train_loss", grid_ratio: float | None = None
+) -> dict:
+    """Best LR per size and the spread in grid steps.
+
+    Losses are averaged over seeds per (size, LR); a (size, LR) where any seed
+    diverged counts as diverged.
+
+    Args:
+      runs: run records (as written by :func:`sweep`).
+      metric: ``'train_loss'`` or ``'val_loss'``.
+      grid_ratio: ratio between grid points; inferred from the LRs if None.
+
+    Returns:
+      ``{"best_lr": {size: lr}, "best_lr_grid": {size: lr},
+      "loss_at_best": {size: mean loss at the grid minimum},
+      "at_edge": [sizes whose minimum is at the grid edge],
+      "diverged": {size: number of diverged runs}, "spread_steps": x,
+      "grid_ratio": r, "metric": metric, "num_runs": n}``.
+    """
+    by_size: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    diverged: dict[int, int] = defaultdict(int)
+    for r in runs:
+        v = r.get(metric)
+        bad = r.get("diverged") or v is None or not np.isfinite(v)
+        by_size[r["size"]][float(r["lr"])].append(np.inf if bad else float(v))
+        diverged[r["size"]] += int(bool(bad))
+    all_lrs = [lr for d in by_size.values() for lr in d]
+    ratio = grid_ratio or _grid_ratio(all_lrs)
+    best, best_grid, at_best, edge = {}, {}, {}, []
+    for size in sorted(by_size):
+        lrs = sorted(by_size[size])
+        mean = [float(np.mean(by_size[size][lr])) for lr in lrs]
+        lr_star, i = refine_minimum(lrs, mean)
+        best[size] = lr_star
+        best_grid[size] = float(lrs[i]) if i >= 0 else float("nan")
+        at_best[size] = mean[i] if i >= 0 else float("nan")
+        if i in (0, len(lrs) - 1):
+            edge.append(size)
+    return {
+        "best_lr": best,
+        "best_lr_grid": best_grid,
+        "loss_at_best": at_best,
+        "at_edge": edge,
+        "diverged": {s: diverged[s] for s in sorted(by_size)},
+        "spread_steps": spread_steps(best.values(), ratio),
+        "grid_ratio": ratio,
+        "metric": metric,
+        "num_runs": len(runs),
+    }
+
+
+# --------------------------------------------------------------------------
+# Results file.
+# --------------------------------------------------------------------------
+def _json_float(x):
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def load_runs(path: str | os.PathLike | None) -> list[dict]:
+    """Read a JSONL results file (missing file: no runs). Malformed lines (a
+    run interrupted while writing) are skipped with a warning."""
+    if path is None or not os.path.exists(path):
+        return []
+    runs = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict) or "lr" not in rec or "size" not in rec:
+                    raise ValueError("not a run record")
+            except ValueError:
+                warnings.warn(f"{path}:{n}: skipping a malformed results line (interrupted write?)")
+                continue
+            runs.append(rec)
+    return runs
+
+
+def append_run(path: str | os.PathLike, record: dict) -> None:
+    """Append one run as one JSON line (flushed and fsynced)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    needs_newline = False
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            needs_newline = f.read(1) != b"\n"
+    with open(path, "a", encoding="utf-8") as f:
+        if needs_newline:
+            f.write("\n")
+        f.write(json.dumps(record, allow_nan=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _lr_key(lr: float) -> str:
+    return f"{float(lr):.10g}"
+
+
+def _run_key(r: dict) -> tuple:
+    return (r["name"], r.get("tag", ""), r["data"], int(r["size"]), int(r["seed"]),
+            _lr_key(r["lr"]), int(r["steps"]), int(r["batch_size"]))
+
+
+# --------------------------------------------------------------------------
+# Results object.
+# --------------------------------------------------------------------------
+@dataclasses.dataclass
+class SweepResult:
+    """The runs of one sweep (one optimizer over sizes x LRs x seeds)."""
+
+    name: str
+    runs: list[dict]
+    size_name: str = "size"
+    path: str | None = None
+
+    def summary(self, metric: str = "train_loss", grid_ratio: float | None = None) -> dict:
+        """See :func:`summarize`."""
+        return summarize(self.runs, metric=metric, grid_ratio=grid_ratio)
+
+    def plot(self, path=None, *, ax=None, metric: str = "train_loss", title: str | None = None):
+        """Loss vs LR, one curve per size, a star at each best LR (see
+        :func:`spectral_optax.lab.plots.plot_sweep`)."""
+        from spectral_optax.lab.plots import plot_sweep
+
+        return plot_sweep(self, path, ax=ax, metric=metric, title=title)
+
+
+# --------------------------------------------------------------------------
+# The harness.
+# --------------------------------------------------------------------------
+def _call_factory(factory: Callable, lr, size):
+    try:
+        n = len([
+            p for p in inspect.signature(factory).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        ])
+    except (TypeError, ValueError):
+        n = 2
+    return factory(lr, size) if n >= 2 else factory(lr)
+
+
+def _num_chunks(steps: int, target: int) -> int:
+    for c in range(min(target, steps), 0, -1):
+        if steps % c == 0:
+            return c
+    return 1
+
+
+def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx):
+    train = tuple(jnp.asarray(a) for a in data.train)
+    val = tuple(jnp.asarray(a) for a in data.val)
+    eval_idx = jnp.asarray(eval_idx)
+
+    def make_opt(lr):
+        opt = _call_factory(optimizer, lr, size)
+        if not isinstance(opt, optax.GradientTransformation):
+            raise TypeError(
+                f"the optimizer factory must return an optax.GradientTransformation, got "
+                f"{type(opt).__name__}"
+            )
+        return opt
+
+    def init_run(lr, seed):
+        k_init, k_data = jax.random.split(jax.random.key(seed))
+        params = model.init(k_init)
+        return params, make_opt(lr).init(params), k_data
+
+    def chunk(lr, state, t0):
+        opt = make_opt(lr)
+
+        def step(carry, t):
+            params, opt_state, k_data = carry
+            idx = jax.random.randint(jax.random.fold_in(k_data, t), (batch_size,), 0,
+                                     data.num_train)
+            x, y = data.batch(train, idx)
+            loss, grads = jax.value_and_grad(model.loss)(params, x, y)
+            updates, opt_state = opt.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            return (params, opt_state, k_data), loss.astype(jnp.float32)
+
+        return jax.lax.scan(step, state, t0 + jnp.arange(chunk_len))
+
+    def evaluate(state):
+        x, y = data.batch(val, eval_idx)
+        return model.loss(state[0], x, y).astype(jnp.float32)
+
+    init_p = jax.jit(jax.vmap(init_run))
+    chunk_p = jax.jit(jax.vmap(chunk, in_axes=(0, 0, None)), donate_argnums=(1,))
+    eval_p = jax.jit(jax.vmap(evaluate))
+    return init_p, chunk_p, eval_p
+
+
+def sweep(
+    family: Callable[[int], Any],
+    optimizer: Callable,
+    sizes: Sequence[int],
+    lrs: Sequence[float],
+    data,
+    *,
+    steps: int,
+    batch_size: int,
+    seeds: Sequence[int] = (0,),
+    results: str | os.PathLike | None = None,
+    name: str = "sweep",
+    tag: str = "",
+    size_name: str = "size",
+    eval_examples: int = 2048,
+    curve_points: int = 20,
+    chunks: int = 10,
+    progress: bool = True,
+) -> SweepResult:
+    """Train ``family(size)`` for every size x LR x seed; resumable.
+
+    Args:
+      family: ``size -> Model`` (a :class:`~spectral_optax.lab.models.Model`
+        with ``init(key)``, ``loss(params, x, y)``); see
+        :func:`~spectral_optax.lab.models.mlp_family`.
+      optimizer: ``(lr, size) -> optax.GradientTransformation`` (or
+        ``lr -> ...``). Called inside ``vmap`` with a *traced* scalar ``lr``,
+        so it must use ``lr`` arithmetically (every optax optimizer and the
+        package's named optimizers do); for muP-style optimizers build
+        ``base`` from ``family(base_size).shapes()``.
+      sizes: widths, depths, ...: each is passed to ``family`` and
+        ``optimizer``.
+      lrs: the LR grid (factor-2 steps by convention, see :func:`lr_grid`).
+      data: a lab :class:`~spectral_optax.lab.data.Dataset`.
+      steps: training steps per run.
+      batch_size: examples per step (sampled with replacement, the same
+        sequence for every LR of a seed).
+      seeds: seeds (init and data order).
+      results: JSONL file; runs already in it (same name, tag, data, size,
+        seed, lr, steps, batch_size) are not rerun, new runs are appended.
+      name: the optimizer / experiment name recorded with every run.
+      tag: free-form string to separate otherwise identical configurations.
+      size_name: what ``size`` means (for plots), e.g. ``'width'``.
+      eval_examples: validation examples (an evenly spaced fixed subset).
+      curve_points: points of the recorded (bucket-averaged) loss curve.
+      chunks: compiled chunks per run (progress-bar granularity).
+      progress: show a tqdm progress bar.
+
+    Returns:
+      a :class:`SweepResult` with every run of this configuration (recorded
+      earlier or now).
+    """
+    lrs = [float(lr) for lr in lrs]
+    seeds = [int(s) for s in seeds]
+    sizes = [int(s) for s in sizes]
+    if steps < 1 or batch_size < 1:
+        raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
+    results = os.fspath(results) if results is not None else None
+    base = dict(name=name, tag=tag, data=data.name, steps=int(steps), batch_size=int(batch_size))
+    existing = {}
+    for r in load_runs(results):
+        try:
+            existing[_run_key(r)] = r
+        except (KeyError, TypeError, ValueError):
+            continue
+    todo = {}
+    for size in sizes:
+        missing = [
+            (lr, seed) for seed in seeds for lr in lrs
+            if _run_key(dict(base, size=size, seed=seed, lr=lr)) not in existing
+        ]
+        if missing:
+            todo[size] = missing
+    n_chunks = _num_chunks(steps, chunks)
+    chunk_len = steps // n_chunks
+    n_eval = min(eval_examples, data.num_val)
+    eval_idx = np.linspace(0, data.num_val - 1, n_eval).round().astype(np.int32)
+    tail = max(1, int(math.ceil(0.05 * steps)))
+
+    bar = None
+    if progress and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=sum(len(m) for m in todo.values()) * steps, desc=name, unit="step",
+                   unit_scale=True, leave=False)
+    new_runs = []
+    try:
+        for size, missing in todo.items():
+            if bar is not None:
+                bar.set_postfix_str(f"{size_name}={size}, runs={len(missing)}")
+            t_start = time.time()
+            model = family(size)
+            init_p, chunk_p, eval_p = _make_programs(
+                model, optimizer, size, data, batch_size, chunk_len, eval_idx
+            )
+            run_lrs = jnp.asarray([m[0] for m in missing], jnp.float32)
+            run_seeds = jnp.asarray([m[1] for m in missing], jnp.uint32)
+            state = init_p(run_lrs, run_seeds)
+            losses = []
+            for c in range(n_chunks):
+                state, chunk_losses = chunk_p(run_lrs, state, jnp.int32(c * chunk_len))
+                losses.append(np.asarray(chunk_losses))  # (R, chunk_len); syncs
+                if bar is not None:
+                    bar.update(len(missing) * chunk_len)
+            losses = np.concatenate(losses, axis=1)
+            val_losses = np.asarray(eval_p(state))
+            elapsed = time.time() - t_start
+            buckets = np.array_split(np.arange(steps), min(curve_points, steps))
+            for j, (lr, seed) in enumerate(missing):
+                curve = losses[j]
+                train_loss = float(np.mean(curve[-tail:]))
+                val_loss = float(val_losses[j])
+                diverged = not (np.isfinite(train_loss) and np.isfinite(val_loss))
+                rec = dict(
+                    base, size=size, seed=seed, lr=lr, train_loss=_json_float(train_loss),
+                    val_loss=_json_float(val_loss), diverged=diverged,
+                    initial_loss=_json_float(curve[0]),
+                    curve_steps=[int(b[-1]) + 1 for b in buckets],
+                    curve=[_json_float(np.mean(curve[b])) for b in buckets],
+                    seconds=round(elapsed / len(missing), 3),
+                )
+                if results is not None:
+                    append_run(results, rec)
+                new_runs.append(rec)
+    finally:
+        if bar is not None:
+            bar.close()
+    wanted = {
+        _run_key(dict(base, size=size, seed=seed, lr=lr))
+        for size in sizes for seed in seeds for lr in lrs
+    }
+    runs = [r for k, r in existing.items() if k in wanted] + new_runs
+    runs.sort(key=lambda r: (r["size"], r["seed"], r["lr"]))
+    return SweepResult(name, runs, size_name=size_name, path=results)
