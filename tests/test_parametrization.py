@@ -1,0 +1,147 @@
+"""Parametrization-1 multipliers, base shapes, mup_sgd / mup_adamw, describe."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import flax.linen as nn
+
+import spectral_optax as so
+from spectral_optax import Geometry, GeometryError
+
+
+def mlp_params(width, d_in=3072, d_out=1, bias=True):
+    return {
+        "Dense_0": {"kernel": jnp.zeros((d_in, width))} | ({"bias": jnp.zeros((width,))} if bias else {}),
+        "Dense_1": {"kernel": jnp.zeros((width, width))},
+        "head": {"kernel": jnp.zeros((width, d_out))},
+    }
+
+
+def test_reference_worked_example():
+    # REFERENCE.md section 2: input 3072, hidden 4096, one output, eta0 = 0.1.
+    p = mlp_params(4096, bias=False)
+    lrs = {path: 0.1 * so.lr_multiplier(g, "sgd") for path, g in so.as_geometry_map().leaves(p)}
+    np.testing.assert_allclose(
+        [lrs["Dense_0/kernel"], lrs["Dense_1/kernel"], lrs["head/kernel"]], [0.1333, 0.1, 2.44e-5], rtol=2e-3
+    )
+
+
+def test_adam_and_sgd_tables():
+    g = dict(so.as_geometry_map().leaves(mlp_params(256, d_in=10, d_out=5) | {"Embed_0": {"embedding": jnp.zeros((7, 256))}}))
+    # Adam (muP Table 3): hidden and output 1/n, input, biases, embeddings 1.
+    assert so.lr_multiplier(g["Dense_1/kernel"], "adam") == pytest.approx(1 / 256)
+    assert so.lr_multiplier(g["head/kernel"], "adam") == pytest.approx(1 / 256)
+    assert so.lr_multiplier(g["Dense_0/kernel"], "adam") == pytest.approx(1 / 10)
+    assert so.lr_multiplier(g["Dense_0/bias"], "adam") == 1.0
+    assert so.lr_multiplier(g["Embed_0/embedding"], "adam") == 1.0
+    # SGD: d_out / n_in; embeddings and biases d_out.
+    assert so.lr_multiplier(g["Embed_0/embedding"], "sgd") == 256
+    assert so.lr_multiplier(g["Dense_0/bias"], "sgd") == 256
+    assert so.lr_multiplier(g["head/kernel"], "sgd") == pytest.approx(5 / 256)
+
+
+def run(tx, params, grads_seq):
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    for grads in grads_seq:
+        u, state = update(grads, state, params)
+        params = optax.apply_updates(params, u)
+    return params
+
+
+def random_grads(params, n, seed=0):
+    keys = jax.random.split(jax.random.key(seed), n)
+    return [jax.tree.map(lambda x, k=k: jax.random.normal(k, x.shape, x.dtype), params) for k in keys]
+
+
+def test_base_width_coincides_with_standard_optimizers():
+    params = jax.tree.map(lambda x: x + 0.1, mlp_params(64, d_in=16, d_out=4))
+    grads = random_grads(params, 4)
+    for ours, ref in [
+        (so.mup_sgd(0.05, base=params), optax.sgd(0.05)),
+        (so.mup_sgd(0.05, base=params, momentum=0.9), optax.sgd(0.05, momentum=0.9)),
+        (
+            so.mup_adamw(1e-2, base=params, weight_decay=0.1),
+            optax.adamw(1e-2, weight_decay=0.1, mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p)),
+        ),
+    ]:
+        a, b = run(ours, params, grads), run(ref, params, grads)
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), a, b)
+
+
+def test_relative_multipliers_at_wider_model():
+    base = mlp_params(64, d_in=16, d_out=4)
+    wide = mlp_params(1024, d_in=16, d_out=4)
+    grads = jax.tree.map(jnp.ones_like, wide)
+    zeros = jax.tree.map(jnp.zeros_like, wide)
+    for kind, expected in [
+        ("sgd", {"Dense_0/kernel": 16, "Dense_0/bias": 16, "Dense_1/kernel": 1, "head/kernel": 1 / 16}),
+        ("adam", {"Dense_0/kernel": 1, "Dense_0/bias": 1, "Dense_1/kernel": 1 / 16, "head/kernel": 1 / 16}),
+    ]:
+        tx = so.scale_by_parametrization1(kind, base=base)
+        u, _ = tx.update(grads, tx.init(zeros), zeros)
+        got = {
+            "/".join(str(k.key) for k in path): float(x.reshape(-1)[0])
+            for path, x in jax.tree_util.tree_flatten_with_path(u)[0]
+        }
+        assert got == pytest.approx(expected)
+
+
+def test_missing_base_leaf_names_path():
+    base = {"Dense_0": {"kernel": jnp.zeros((4, 4))}}
+    params = base | {"Dense_9": {"kernel": jnp.zeros((4, 4))}}
+    tx = so.mup_sgd(0.1, base=base)
+    with pytest.raises(GeometryError, match="Dense_9/kernel"):
+        tx.update(params, tx.init(params), params)
+
+
+def test_zero_gradients_and_bf16():
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), mlp_params(32, d_in=8, d_out=2))
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    for tx in [so.mup_sgd(0.1), so.mup_adamw(0.1, weight_decay=0.0), so.spectral_sgd(0.1)]:
+        u, _ = jax.jit(tx.update)(zeros, tx.init(params), params)
+        for x in jax.tree.leaves(u):
+            assert x.dtype == jnp.bfloat16 and not np.any(np.isnan(np.asarray(x, np.float32)))
+            assert np.all(np.asarray(x, np.float32) == 0)
+
+
+def test_mup_adamw_inject_hyperparams_and_schedule():
+    params = mlp_params(32, d_in=8, d_out=2)
+    grads = jax.tree.map(jnp.ones_like, params)
+    tx = optax.inject_hyperparams(so.mup_adamw)(learning_rate=optax.linear_schedule(1e-2, 0.0, 10), base=params)
+    state = tx.init(params)
+    u, state = jax.jit(tx.update)(grads, state, params)
+    np.testing.assert_allclose(np.asarray(u["Dense_1"]["kernel"]), -1e-2, rtol=1e-5)
+    assert float(state.hyperparams["learning_rate"]) == pytest.approx(1e-2)
+
+
+class TinyGPT(nn.Module):
+    width: int = 32
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(64, self.width)(tokens)
+        h = nn.MultiHeadDotProductAttention(num_heads=2)(nn.LayerNorm()(x))
+        x = x + h
+        x = x + nn.Dense(self.width)(nn.gelu(nn.Dense(4 * self.width)(nn.LayerNorm()(x))))
+        return nn.Dense(64, name="head")(x)
+
+
+def test_describe_real_transformer(capsys):
+    tokens = jnp.zeros((1, 4), jnp.int32)
+    base = TinyGPT(32).init(jax.random.key(0), tokens)["params"]
+    wide = TinyGPT(128).init(jax.random.key(0), tokens)["params"]
+    rows = {r["path"]: r for r in so.describe(wide, base=base)}
+    out = capsys.readouterr().out
+    assert "MultiHeadDotProductAttention_0/query/kernel" in out and "target_norm" in out
+    q = rows["MultiHeadDotProductAttention_0/query/kernel"]
+    assert (q["d_in"], q["d_out"], q["kind"]) == (128, 128, "matrix")
+    assert q["lr_sgd"] == pytest.approx(1.0) and q["lr_adam"] == pytest.approx(1 / 4)
+    assert rows["head/kernel"]["kind"] == "matrix/output"
+    assert rows["head/kernel"]["lr_sgd"] == pytest.approx(1 / 4)
+    assert rows["Embed_0/embedding"]["lr_adam"] == 1.0
+    assert rows["Embed_0/embedding"]["lr_sgd"] == pytest.approx(4.0)
+    assert rows["Dense_1/kernel"]["target_norm"] == pytest.approx(2.0)  # 128 -> 512
+    assert rows["Dense_0/kernel"]["target_norm"] == pytest.approx(0.5)  # 512 -> 128 (constructed first)
