@@ -1,0 +1,420 @@
+"""Depth transfer: inverse-depth residual scaling, in explicit and absorbed form.
+
+A residual network ``h_{k+1} = h_k + alpha * f_k(h_k)``, ``k = 1..K``, with
+
+    alpha = K_base / K            (K_base = ``base_blocks``, default 2)
+
+has a Lipschitz constant and an L-smoothness constant of the loss that do not
+grow with depth, so one learning rate tuned at small depth serves at large
+depth for optimizers whose steps are bounded in their norm (Muon, MOGA,
+normalized SGD, AdamW up to epsilon).
+
+**Explicit form.** The model multiplies each residual branch's output by
+``alpha`` (``spectral_optax.nn`` blocks do this by default).
+
+**Absorbed form.** Leave the model unscaled (``h + f(h)``) and instead
+
+  1. initialize each branch's *last* layer (weights and bias) times ``alpha``
+     (:func:`scale_init` for a Flax initializer, :func:`depth_scaled_init` for
+     an already initialized parameter tree), and
+  2. multiply that layer's updates by ``alpha`` (:func:`depth_residual_scale`).
+
+Why this is the same network. Let ``W`` be a branch's last layer in the
+explicit form and ``W' = alpha W`` in the absorbed form; every other parameter
+is shared and the two networks compute the same function. Then the gradients
+are ``G' = dL/dW' = G / alpha`` (and identical for every other parameter), so
+an explicit step ``W <- W - eta u(G)`` is reproduced by
+``W' <- W' - eta * c * u(G')`` with
+
+  * ``c = alpha`` if ``u`` is scale invariant, ``u(G / alpha) = u(G)``:
+    any per-layer normalization of the gradient or of its (linear) momentum,
+    e.g. Muon's orthogonalization, MOGA's row normalization, spectral /
+    Frobenius-normalized SGD, sign descent, Adam with ``eps -> 0``.
+    (``optimizer_kind='scale_invariant'``);
+  * ``c = alpha ** 2`` if ``u`` is linear, ``u(G / alpha) = u(G) / alpha``:
+    plain SGD, with or without (Nesterov) momentum (``optimizer_kind='sgd'``).
+
+A *global* normalization (a global-norm clip, a global trust ratio) sees
+``G / alpha`` in one block and ``G`` in the others, so it is not scale
+invariant per layer and the two forms differ.
+
+**Weight decay is not multiplied.** Decoupled decay shrinks ``W`` by the
+factor ``(1 - eta * lambda)``; ``W' = alpha W`` shrinks by the same factor, so
+the absorbed decay term ``eta * lambda * W'`` must *not* be multiplied by
+``alpha``. Put :func:`depth_residual_scale` after the optimizer's
+normalization and before the decay and the learning rate::
+
+    optax.chain(
+        <normalization, e.g. so.scale_by_spectral_norm() / scale_by_muon(...)>,
+        so.depth_residual_scale(num_blocks),      # here: update * alpha
+        optax.add_decayed_weights(weight_decay),  # after: decay not scaled
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+A complete named optimizer (``so.muon``, ``so.moga``, ``so.spectral_sgd``)
+ends with ``-learning_rate``; ``depth_residual_scale`` is linear, so it may
+follow it, but only with the optimizer's own decay switched off (chained
+after a decay it would scale the decay of the selected layers by ``alpha``
+too). Add the decay after it with :func:`decoupled_weight_decay`::
+
+    optax.chain(
+        so.muon(learning_rate, weight_decay=0.0),
+        so.depth_residual_scale(num_blocks),
+        so.decoupled_weight_decay(learning_rate, weight_decay),  # -lr * wd * W
+    )
+
+References:
+  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling (REFERENCE.md
+  section 5). Related: Depth-muP (1/sqrt(L) branches), CompleteP (1/L).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from spectral_optax.geometry import (
+    Geometry,
+    GeometryError,
+    GeometryLike,
+    as_geometry_map,
+    path_str,
+)
+
+__all__ = [
+    "BRANCH_OUT_PATTERN",
+    "DecoupledWeightDecayState",
+    "decoupled_weight_decay",
+    "depth_residual_scale",
+    "depth_scaled_init",
+    "residual_alpha",
+    "residual_branch_mask",
+    "scale_init",
+]
+
+#: Default ``mask``: the last layer of every residual branch of the
+#: ``spectral_optax.nn`` models (Linen and NNX, scanned or unrolled):
+#: ``blocks/dense_1`` (residual MLP), ``blocks/mlp/dense_1`` and
+#: ``blocks/attn/out`` (transformer). Matched with ``re.search`` on the
+#: '/'-joined parameter path.
+BRANCH_OUT_PATTERN = r"(?i)(^|/)blocks(_\d+)?/((mlp/)?dense_1|attn/out)/(kernel|bias)$"
+
+OPTIMIZER_KINDS = ("scale_invariant", "sgd")
+
+MaskLike = Any  # str | Sequence[str] | Callable[[str, Geometry], bool] | Callable[[params], tree] | tree
+
+
+def residual_alpha(num_blocks: int, base_blocks: int = 2) -> float:
+    """The branch multiplier ``alpha = base_blocks / num_blocks``.
+
+    Args:
+      num_blocks: ``K``, the number of residual blocks of the network.
+      base_blocks: ``K_base``, the depth at which ``alpha = 1`` (the depth the
+        learning rate is tuned at; 2 in the paper's residual-MLP runs).
+    """
+    if int(num_blocks) != num_blocks or num_blocks < 1:
+        raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+    if base_blocks <= 0:
+        raise ValueError(f"base_blocks must be positive, got {base_blocks!r}")
+    return float(base_blocks) / float(num_blocks)
+
+
+def scale_init(init: Callable, alpha: float) -> Callable:
+    """Wrap a Flax/JAX initializer so that it returns ``alpha * init(...)``.
+
+    Use it for the last layer (kernel and bias) of each residual branch to
+    build the absorbed form, e.g.
+    ``nn.Dense(width, kernel_init=scale_init(nn.initializers.lecun_normal(), alpha))``.
+    The product is computed in the initializer's dtype.
+    """
+
+    def scaled(key, shape, dtype=jnp.float32, *args, **kwargs):
+        x = init(key, shape, dtype, *args, **kwargs)
+        return (x * jnp.asarray(alpha, dtype=x.dtype)).astype(x.dtype)
+
+    return scaled
+
+
+# --------------------------------------------------------------------------
+# The mask: which leaves are the last layer of a residual branch.
+# --------------------------------------------------------------------------
+def _n_required_positional(fn) -> int | None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    return sum(
+        p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        for p in sig.parameters.values()
+    )
+
+
+def _is_array(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def residual_branch_mask(
+    mask: MaskLike = BRANCH_OUT_PATTERN, geometry: GeometryLike = None
+) -> Callable[[Any], Any]:
+    """Normalise a ``mask=`` argument into ``params -> tree of bools``.
+
+    Args:
+      mask: which parameters are the last layer of a residual branch:
+        a regex (or a sequence of regexes) ``re.search``-ed on the '/'-joined
+        parameter path; a callable ``(path, geometry) -> bool`` (the leaf's
+        :class:`~spectral_optax.Geometry` resolved through ``geometry``); an
+        optax-style callable ``params -> tree of bools``; or a tree of bools.
+      geometry: how leaves are resolved for a ``(path, geometry)`` callable;
+        see :func:`spectral_optax.as_geometry_map`.
+    """
+    if isinstance(mask, str) or (
+        isinstance(mask, Sequence) and mask and all(isinstance(m, str) for m in mask)
+    ):
+        patterns = [re.compile(m) for m in ([mask] if isinstance(mask, str) else mask)]
+
+        def by_regex(params):
+            flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+            return jax.tree_util.tree_unflatten(
+                treedef,
+                [_is_array(x) and any(p.search(path_str(k)) for p in patterns) for k, x in flat],
+            )
+
+        return by_regex
+    if callable(mask):
+        n = _n_required_positional(mask)
+        if n == 2:
+            gmap = as_geometry_map(geometry)
+
+            def by_geometry(params):
+                flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+                paths = [path_str(k) for k, _ in flat]
+                arrays = [i for i, (_, x) in enumerate(flat) if _is_array(x)]
+                geoms = gmap.resolve(
+                    [paths[i] for i in arrays], [tuple(flat[i][1].shape) for i in arrays]
+                )
+                out = [False] * len(flat)
+                for i, g in zip(arrays, geoms):
+                    out[i] = bool(mask(paths[i], g))
+                return jax.tree_util.tree_unflatten(treedef, out)
+
+            return by_geometry
+        return mask
+    return lambda params: mask
+
+
+def _selected_paths(mask_fn, params) -> tuple[list[str], list[str]]:
+    labels = mask_fn(params)
+    flat, _ = jax.tree_util.tree_flatten_with_path(params)
+    try:
+        flat_labels = jax.tree_util.tree_structure(params).flatten_up_to(labels)
+    except (ValueError, TypeError) as e:
+        raise GeometryError(
+            "depth_residual_scale: the mask tree does not have the structure of the parameters "
+            f"({e}). Pass mask= as a regex on the '/'-joined path instead."
+        ) from e
+    chosen = [path_str(k) for (k, x), m in zip(flat, flat_labels) if m and _is_array(x)]
+    everything = [path_str(k) for k, x in flat if _is_array(x)]
+    return chosen, everything
+
+
+def _check_selection(mask_fn, params, where: str):
+    chosen, everything = _selected_paths(mask_fn, params)
+    if not chosen:
+        shown = "\n    ".join(everything[:12]) + ("\n    ..." if len(everything) > 12 else "")
+        raise GeometryError(
+            f"{where}: the mask selects no parameter, so nothing would be scaled. The parameter "
+            f"paths are:\n    {shown}\nPass mask= a regex matching the last layer (kernel and "
+            "bias) of each residual branch, e.g. mask=r'blocks/.*/out_proj/(kernel|bias)$', or "
+            "a callable (path, geometry) -> bool."
+        )
+    return chosen
+
+
+# --------------------------------------------------------------------------
+# Absorbed init.
+# --------------------------------------------------------------------------
+def depth_scaled_init(
+    params,
+    num_blocks: int,
+    base_blocks: int = 2,
+    *,
+    mask: MaskLike = BRANCH_OUT_PATTERN,
+    geometry: GeometryLike = None,
+):
+    """Absorbed-form init: multiply the selected (branch-last-layer) params by alpha.
+
+    ``W' = alpha * W`` and ``b' = alpha * b`` with
+    ``alpha = base_blocks / num_blocks``, so that a network with unit branch
+    multipliers computes exactly what the explicit ``h + alpha * f(h)``
+    network computes with ``W, b``. Dtypes are preserved.
+
+    Args:
+      params: a freshly initialized parameter tree (Linen dict or nnx.State).
+      num_blocks: ``K``; base_blocks: ``K_base``.
+      mask: the branch-last layers; see :func:`residual_branch_mask`.
+      geometry: only used by a ``(path, geometry)`` mask.
+
+    Returns:
+      The parameter tree with the selected leaves multiplied by alpha.
+    """
+    alpha = residual_alpha(num_blocks, base_blocks)
+    mask_fn = residual_branch_mask(mask, geometry)
+    _check_selection(mask_fn, params, "depth_scaled_init")
+    labels = mask_fn(params)
+    return jax.tree_util.tree_map(
+        lambda x, m: (x * jnp.asarray(alpha, x.dtype)).astype(x.dtype) if m and _is_array(x) else x,
+        params,
+        labels,
+    )
+
+
+# --------------------------------------------------------------------------
+# The gradient transformation.
+# --------------------------------------------------------------------------
+def depth_residual_scale(
+    num_blocks: int,
+    base_blocks: int = 2,
+    *,
+    mask: MaskLike = BRANCH_OUT_PATTERN,
+    geometry: GeometryLike = None,
+    optimizer_kind: str = "scale_invariant",
+) -> optax.GradientTransformation:
+    """Absorbed inverse-depth residual scaling as a gradient transformation.
+
+    Multiplies the updates of each residual branch's last layer (selected by
+    ``mask``) by
+
+      * ``alpha = base_blocks / num_blocks`` for scale-invariant optimizers
+        (``optimizer_kind='scale_invariant'``: Muon, MOGA, spectral /
+        normalized SGD, sign descent, Adam up to epsilon), placed *after*
+        the normalization;
+      * ``alpha ** 2`` for plain SGD (``optimizer_kind='sgd'``, with or
+        without momentum), anywhere in the (linear) chain before the decay.
+
+    and leaves every other update unchanged. Combined with the absorbed init
+    (:func:`depth_scaled_init` / :func:`scale_init`) and unit branch
+    multipliers this reproduces the explicit ``h + alpha * f(h)`` network step
+    for step (see the module docstring for the derivation).
+
+    Chain order: normalization -> ``depth_residual_scale`` ->
+    ``optax.add_decayed_weights`` -> ``optax.scale_by_learning_rate``. Weight
+    decay must come after this transform: the absorbed layer decays by the
+    same factor as the explicit one, not by alpha times it.
+
+    Args:
+      num_blocks: ``K``, the number of residual blocks.
+      base_blocks: ``K_base`` (default 2): the depth where ``alpha = 1``.
+      mask: the last layer (kernel and bias) of every residual branch: a
+        regex on the '/'-joined path (default :data:`BRANCH_OUT_PATTERN`, the
+        ``spectral_optax.nn`` naming), a sequence of regexes, a callable
+        ``(path, geometry) -> bool``, an optax-style ``params -> tree of
+        bools`` or a tree of bools.
+      geometry: resolves each leaf's :class:`~spectral_optax.Geometry` for a
+        ``(path, geometry)`` mask; see :func:`spectral_optax.as_geometry_map`.
+      optimizer_kind: ``'scale_invariant'`` (factor alpha) or ``'sgd'``
+        (factor alpha**2).
+
+    Returns:
+      An ``optax.GradientTransformation`` with an empty state. The update
+      dtype of every leaf is preserved.
+
+    Raises:
+      GeometryError: at ``init`` if the mask selects no parameter (the
+        message lists the parameter paths).
+
+    References:
+      Wong, Xu, Li, Lu (2026); REFERENCE.md section 5 (absorbed form).
+    """
+    if optimizer_kind not in OPTIMIZER_KINDS:
+        raise ValueError(
+            f"optimizer_kind must be one of {OPTIMIZER_KINDS}, got {optimizer_kind!r}: "
+            "'scale_invariant' for Muon / MOGA / spectral SGD / Adam, 'sgd' for plain SGD."
+        )
+    alpha = residual_alpha(num_blocks, base_blocks)
+    factor = alpha if optimizer_kind == "scale_invariant" else alpha**2
+    mask_fn = residual_branch_mask(mask, geometry)
+
+    def init_fn(params):
+        _check_selection(mask_fn, params, "depth_residual_scale")
+        return optax.EmptyState()
+
+    def update_fn(updates, state, params=None):
+        del params
+        labels = mask_fn(updates)
+
+        def scale(u, m):
+            if m and _is_array(u):
+                return (u * jnp.asarray(factor, u.dtype)).astype(u.dtype)
+            return u
+
+        return jax.tree_util.tree_map(scale, updates, labels), state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+class DecoupledWeightDecayState(NamedTuple):
+    """Step count (for a learning-rate schedule)."""
+
+    count: jax.Array
+
+
+def decoupled_weight_decay(
+    learning_rate: optax.ScalarOrSchedule,
+    weight_decay: float,
+    *,
+    mask: Any = None,
+) -> optax.GradientTransformation:
+    """Add ``-learning_rate * weight_decay * W`` to finished updates.
+
+    For chaining *after* a complete optimizer (whose output already includes
+    ``-learning_rate``) and after :func:`depth_residual_scale`, so that the
+    decay is not multiplied by ``alpha``: the result per leaf is
+    ``-lr_t * (c * D(G) + weight_decay * W)``, exactly what the explicit-form
+    optimizer with ``weight_decay`` does. Equivalent to
+    ``add_decayed_weights(weight_decay)`` followed by ``-learning_rate`` in the
+    optimizer's own chain.
+
+    Args:
+      learning_rate: the optimizer's learning rate (float or optax schedule,
+        evaluated at the same step count as the optimizer's).
+      weight_decay: decoupled decay coefficient ``lambda``.
+      mask: optax mask (tree of bools or ``params -> tree``); ``None``
+        decays every leaf. Use the optimizer's own decay mask (the named
+        optimizers spare vectors / leaves with ``ndim < 2``).
+
+    References:
+      Loshchilov, Hutter (2019), decoupled weight decay.
+    """
+
+    def init_fn(params):
+        del params
+        return DecoupledWeightDecayState(count=jnp.zeros([], jnp.int32))
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError(
+                "decoupled_weight_decay needs params: call tx.update(grads, state, params)."
+            )
+        lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+        m = mask(params) if callable(mask) else mask
+
+        def decay(u, w, keep=True):
+            if u is None or not keep:
+                return u
+            step = jnp.asarray(lr, jnp.float32) * jnp.asarray(weight_decay, jnp.float32)
+            return (u.astype(jnp.float32) - step * w.astype(jnp.float32)).astype(u.dtype)
+
+        if m is None:
+            new = jax.tree_util.tree_map(decay, updates, params)
+        else:
+            new = jax.tree_util.tree_map(decay, updates, params, m)
+        return new, DecoupledWeightDecayState(count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformation(init_fn, update_fn)

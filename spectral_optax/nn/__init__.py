@@ -1,0 +1,16 @@
+"""Flax building blocks for residual networks with inverse-depth branch scaling.
+
+``spectral_optax.nn.linen``: :class:`~spectral_optax.nn.linen.ResidualMLP`,
+:class:`~spectral_optax.nn.linen.TransformerBlock`,
+:class:`~spectral_optax.nn.linen.Transformer` (and the blocks they stack);
+``spectral_optax.nn.nnx``: the NNX twins with the same parameter paths.
+
+Every block computes ``h + alpha * f(h)`` with ``alpha = base_blocks /
+num_blocks``; ``absorbed=True`` builds the equivalent absorbed form for
+:func:`spectral_optax.depth_residual_scale`.
+"""
+
+from spectral_optax.nn import linen, nnx
+from spectral_optax.nn.linen import ResidualMLP, Transformer, TransformerBlock
+
+__all__ = ["linen", "nnx", "ResidualMLP", "Transformer", "TransformerBlock"]

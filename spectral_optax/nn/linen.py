@@ -1,0 +1,305 @@
+"""Residual building blocks for Flax Linen with an explicit branch multiplier.
+
+Every residual block computes ``h + alpha * f(h)`` with
+``alpha = base_blocks / num_blocks`` (inverse-depth scaling; set ``alpha=1.0``
+for the unscaled baseline). With ``absorbed=True`` the multiplier is 1 and the
+branch's last layer (kernel and bias) is initialized times ``alpha`` instead:
+the absorbed form, to be trained with
+:func:`spectral_optax.depth_residual_scale`.
+
+Parameter names follow one convention so that
+:data:`spectral_optax.depth.BRANCH_OUT_PATTERN` selects the last layer of
+every branch and :func:`spectral_optax.infer_geometry` reads the stacked
+kernels without help:
+
+* residual MLP: ``input_proj`` (or ``embed`` + ``input_proj``), ``blocks/dense_0``,
+  ``blocks/dense_1`` (the branch's last layer), ``head``;
+* transformer: ``embed``, ``blocks/{ln_attn, attn/{query,key,value,out}, ln_mlp,
+  mlp/{dense_0, dense_1}}``, ``ln_final``, ``head``.
+
+With ``scan=True`` (default) the K blocks are one ``nn.scan``: every block
+parameter has a leading layer axis of size K (a batch axis of its geometry)
+and depth 64 compiles as fast as depth 2. With ``scan=False`` the blocks are
+``blocks_0 .. blocks_{K-1}``.
+
+References:
+  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling; REFERENCE.md
+  section 5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from spectral_optax.depth import residual_alpha, scale_init
+
+Initializer = Callable[..., Any]
+default_kernel_init = nn.initializers.lecun_normal()
+
+
+def _multiplier_and_out_scale(alpha: float, absorbed: bool) -> tuple[float, float]:
+    """(branch multiplier, init factor of the branch's last layer)."""
+    return (1.0, alpha) if absorbed else (alpha, 1.0)
+
+
+class MLPBranch(nn.Module):
+    """``f(h) = dense_1(relu(dense_0(h)))``: the residual MLP branch.
+
+    Attributes:
+      features: output width (the residual stream width).
+      hidden_features: inner width (default ``features``).
+      out_scale: the last layer's init (kernel and bias) is multiplied by it.
+    """
+
+    features: int
+    hidden_features: int | None = None
+    out_scale: float = 1.0
+    kernel_init: Initializer = default_kernel_init
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, h):
+        hidden = self.hidden_features or self.features
+        y = nn.Dense(hidden, kernel_init=self.kernel_init, dtype=self.dtype,
+                     param_dtype=self.param_dtype, name="dense_0")(h)
+        y = nn.relu(y)
+        return nn.Dense(
+            self.features,
+            kernel_init=scale_init(self.kernel_init, self.out_scale),
+            bias_init=scale_init(nn.initializers.zeros_init(), self.out_scale),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="dense_1",
+        )(y)
+
+
+class ResidualMLPBlock(nn.Module):
+    """``h + multiplier * f(h)`` with ``f = Dense -> ReLU -> Dense``.
+
+    The two Dense layers are direct children (``dense_0``, ``dense_1``) so the
+    stacked kernels keep Flax Dense names.
+    """
+
+    features: int
+    hidden_features: int | None = None
+    multiplier: float = 1.0
+    out_scale: float = 1.0
+    kernel_init: Initializer = default_kernel_init
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, h, _=None):
+        hidden = self.hidden_features or self.features
+        y = nn.Dense(hidden, kernel_init=self.kernel_init, dtype=self.dtype,
+                     param_dtype=self.param_dtype, name="dense_0")(h)
+        y = nn.relu(y)
+        y = nn.Dense(
+            self.features,
+            kernel_init=scale_init(self.kernel_init, self.out_scale),
+            bias_init=scale_init(nn.initializers.zeros_init(), self.out_scale),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="dense_1",
+        )(y)
+        return h + jnp.asarray(self.multiplier, y.dtype) * y, None
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN transformer block with explicit branch multipliers.
+
+    ``h <- h + m * attn(LN(h))``; ``h <- h + m * mlp(LN(h))`` where ``mlp`` is
+    ``dense_0 -> GELU -> dense_1`` of inner width ``mlp_ratio * features``.
+    The last layers of the two branches are ``attn/out`` and ``mlp/dense_1``.
+
+    Attributes:
+      features: residual width; num_heads: attention heads.
+      multiplier: branch multiplier ``m``; out_scale: init factor of
+        ``attn/out`` and ``mlp/dense_1``.
+      causal: apply a causal mask (inputs ``(batch, seq, features)``).
+    """
+
+    features: int
+    num_heads: int
+    mlp_ratio: int = 4
+    multiplier: float = 1.0
+    out_scale: float = 1.0
+    causal: bool = True
+    kernel_init: Initializer = default_kernel_init
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, h, _=None):
+        m = jnp.asarray(self.multiplier, h.dtype if self.dtype is None else self.dtype)
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        y = nn.LayerNorm(name="ln_attn", **kw)(h)
+        mask = nn.make_causal_mask(jnp.ones(h.shape[:-1], jnp.int32)) if self.causal else None
+        y = nn.MultiHeadDotProductAttention(
+            num_heads=self.num_heads,
+            kernel_init=self.kernel_init,
+            out_kernel_init=scale_init(self.kernel_init, self.out_scale),
+            deterministic=True,
+            name="attn",
+            **kw,
+        )(y, mask=mask)
+        h = h + m * y
+        y = nn.LayerNorm(name="ln_mlp", **kw)(h)
+        y = MLPBranch(
+            self.features,
+            self.mlp_ratio * self.features,
+            out_scale=self.out_scale,
+            kernel_init=self.kernel_init,
+            name="mlp",
+            **kw,
+        )(y)
+        return h + m * y, None
+
+
+def _stack(block_cls, num_blocks: int, scan: bool, **block_kwargs):
+    """K blocks as one ``nn.scan`` (params stacked on axis 0) or unrolled."""
+    if scan:
+        stacked = nn.scan(
+            block_cls,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            length=num_blocks,
+        )(name="blocks", **block_kwargs)
+
+        def apply(h):
+            h, _ = stacked(h, None)
+            return h
+
+        return apply
+    blocks = [block_cls(name=f"blocks_{k}", **block_kwargs) for k in range(num_blocks)]
+
+    def apply_unrolled(h):
+        for b in blocks:
+            h, _ = b(h)
+        return h
+
+    return apply_unrolled
+
+
+class ResidualMLP(nn.Module):
+    """Residual MLP: input projection, K residual blocks, read-out head.
+
+    ``h_0 = input_proj(x)``; ``h_{k+1} = h_k + alpha * f_k(h_k)``,
+    ``f_k = Dense -> ReLU -> Dense`` at fixed width; ``y = head(h_K)``.
+    The projections are outside the stack, so only the blocks change with
+    depth.
+
+    Attributes:
+      features: residual width.
+      num_blocks: K.
+      out_features: head width (classes / vocabulary).
+      base_blocks: K_base; ``alpha = base_blocks / num_blocks`` unless
+        ``alpha`` is given (``alpha=1.0``: the unscaled baseline).
+      absorbed: unit multiplier and ``alpha``-scaled init of ``dense_1``
+        (train with :func:`spectral_optax.depth_residual_scale`).
+      hidden_features: branch inner width (default ``features``).
+      vocab_size: if set, integer inputs ``(..., T)`` are embedded
+        (``embed``, width ``features``) and flattened before ``input_proj``.
+      scan: stack the blocks with ``nn.scan`` (default) or unroll them.
+    """
+
+    features: int
+    num_blocks: int
+    out_features: int
+    base_blocks: int = 2
+    alpha: float | None = None
+    absorbed: bool = False
+    hidden_features: int | None = None
+    vocab_size: int | None = None
+    scan: bool = True
+    kernel_init: Initializer = default_kernel_init
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @property
+    def branch_alpha(self) -> float:
+        if self.alpha is not None:
+            return float(self.alpha)
+        return residual_alpha(self.num_blocks, self.base_blocks)
+
+    @nn.compact
+    def __call__(self, x):
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        if self.vocab_size is not None:
+            x = nn.Embed(self.vocab_size, self.features, name="embed", **kw)(x)
+            x = x.reshape(x.shape[:-2] + (x.shape[-2] * x.shape[-1],))
+        h = nn.Dense(self.features, kernel_init=self.kernel_init, name="input_proj", **kw)(x)
+        mult, out_scale = _multiplier_and_out_scale(self.branch_alpha, self.absorbed)
+        h = _stack(
+            ResidualMLPBlock,
+            self.num_blocks,
+            self.scan,
+            features=self.features,
+            hidden_features=self.hidden_features,
+            multiplier=mult,
+            out_scale=out_scale,
+            kernel_init=self.kernel_init,
+            **kw,
+        )(h)
+        return nn.Dense(self.out_features, kernel_init=self.kernel_init, name="head", **kw)(h)
+
+
+class Transformer(nn.Module):
+    """Decoder-only pre-LN transformer LM with inverse-depth branch scaling.
+
+    ``embed`` (+ learned ``pos_embed``) -> K :class:`TransformerBlock` ->
+    ``ln_final`` -> ``head``. Inputs are token ids ``(batch, seq)``; outputs
+    logits ``(batch, seq, vocab_size)``.
+
+    Attributes: as :class:`ResidualMLP`, plus ``num_heads``, ``mlp_ratio``,
+    ``max_len`` (positional table size).
+    """
+
+    vocab_size: int
+    features: int
+    num_blocks: int
+    num_heads: int
+    max_len: int = 512
+    mlp_ratio: int = 4
+    base_blocks: int = 2
+    alpha: float | None = None
+    absorbed: bool = False
+    scan: bool = True
+    kernel_init: Initializer = default_kernel_init
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @property
+    def branch_alpha(self) -> float:
+        if self.alpha is not None:
+            return float(self.alpha)
+        return residual_alpha(self.num_blocks, self.base_blocks)
+
+    @nn.compact
+    def __call__(self, tokens):
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        h = nn.Embed(self.vocab_size, self.features, name="embed", **kw)(tokens)
+        pos = nn.Embed(self.max_len, self.features, name="pos_embed", **kw)(
+            jnp.arange(tokens.shape[-1])
+        )
+        h = h + pos
+        mult, out_scale = _multiplier_and_out_scale(self.branch_alpha, self.absorbed)
+        h = _stack(
+            TransformerBlock,
+            self.num_blocks,
+            self.scan,
+            features=self.features,
+            num_heads=self.num_heads,
+            mlp_ratio=self.mlp_ratio,
+            multiplier=mult,
+            out_scale=out_scale,
+            kernel_init=self.kernel_init,
+            **kw,
+        )(h)
+        h = nn.LayerNorm(name="ln_final", **kw)(h)
+        return nn.Dense(self.vocab_size, kernel_init=self.kernel_init, name="head", **kw)(h)
