@@ -22,7 +22,6 @@ from spectral_optax.transforms.spectral import ScaleBySpectralNormState, scale_b
 from spectral_optax.transforms.parametrization import lr_multiplier, scale_by_parametrization1
 from spectral_optax.optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
 from spectral_optax.describe import describe
-from spectral_optax import initializers
 from spectral_optax.duals.row_column import column_normalize, lp_dual_direction, row_normalize
 from spectral_optax.transforms.row_column import scale_by_col_norm, scale_by_row_norm, scale_by_sign
 from spectral_optax.optimizers.moga import MOGA_RULES, moga, moga_labels, rescaled_adamw
@@ -35,11 +34,3 @@ from spectral_optax.depth import (
     scale_init,
 )
 from spectral_optax import nn
-from spectral_optax.newton_schulz import (
-    MUON_QUINTIC,
-    newton_schulz,
-    optimal_quintic,
-    polar_express_coefficients,
-)
-from spectral_optax.transforms.orthogonalize import orthogonalize_via_newton_schulz
-from spectral_optax.optimizers.muon import muon
