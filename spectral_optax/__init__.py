@@ -34,3 +34,11 @@ from spectral_optax.depth import (
     scale_init,
 )
 from spectral_optax import nn
+from spectral_optax.newton_schulz import (
+    MUON_QUINTIC,
+    newton_schulz,
+    optimal_quintic,
+    polar_express_coefficients,
+)
+from spectral_optax.transforms.orthogonalize import orthogonalize_via_newton_schulz
+from spectral_optax.optimizers.muon import muon
