@@ -22,6 +22,7 @@ from spectral_optax.transforms.spectral import ScaleBySpectralNormState, scale_b
 from spectral_optax.transforms.parametrization import lr_multiplier, scale_by_parametrization1
 from spectral_optax.optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
 from spectral_optax.describe import describe
+from spectral_optax import initializers
 from spectral_optax.duals.row_column import column_normalize, lp_dual_direction, row_normalize
 from spectral_optax.transforms.row_column import scale_by_col_norm, scale_by_row_norm, scale_by_sign
 from spectral_optax.optimizers.moga import MOGA_RULES, moga, moga_labels, rescaled_adamw

@@ -1,0 +1,313 @@
+"""Parametrization-1 initializers: weights that meet the spectral condition.
+
+The spectral condition asks every weight to have spectral norm
+``||W||_* = Theta(sqrt(d_out / d_in))`` (RMS -> RMS operator norm Theta(1)), so
+that hidden vectors have Theta(1) entries at every width. Three Flax
+initializers (``(key, shape, dtype) -> Array``, usable wherever
+``flax.linen.initializers`` / ``jax.nn.initializers`` are) produce it:
+
+* :func:`spectral_normal`: i.i.d. ``N(0, sigma^2)`` with
+  ``sigma = gain / sqrt(d_in) * min(1, sqrt(d_out / d_in))``. By random-matrix
+  theory ``||W||_* ~ sigma (sqrt(d_in) + sqrt(d_out))``, between 1x and 2x the
+  target ``gain * sqrt(d_out / d_in)``.
+* :func:`spectral_orthogonal`: a (Haar) semi-orthogonal matrix per slice scaled
+  so that every singular value, hence ``||W||_*``, is exactly
+  ``gain * sqrt(d_out / d_in)``.
+* :func:`spectral_embedding`: an embedding table (input one-hot, effective
+  ``d_in = 1``) with ``N(0, std^2)`` entries, Theta(1) at every width (Flax's
+  default ``nn.Embed`` init has std ``1 / sqrt(features)``, which shrinks).
+
+Biases: initialize them to zero, which is already Flax's default
+``bias_init``; nothing here is needed for them.
+
+Axes. The arguments mirror :func:`jax.nn.initializers.variance_scaling`:
+``out_axis`` (default ``-1``) names the fan-out axes, ``batch_axis`` (default
+``()``) names axes holding independent matrices (layers stacked in one array,
+experts, heads), and every other axis is a fan-in axis. So a Dense kernel
+``(in, out)`` has ``d_in = in``; a Conv kernel ``(*window, in, out)`` has
+``d_in = window x in`` and ``d_out = out`` (``variance_scaling``'s ``fan_out``
+multiplies the window in; here it does not, because the window is contracted
+with the input); a DenseGeneral kernel ``(in, heads, head_dim)`` needs
+``out_axis=(-2, -1)``. ``in_axis`` defaults to ``None`` ("every axis not in
+``out_axis`` or ``batch_axis``"); when it is given it is checked, and axes
+named in none of the three (a conv window) still join the fan-in, exactly as
+``variance_scaling`` counts them in ``fan_in``. Hence ``d_in`` always equals
+``variance_scaling``'s ``fan_in``, and ``spectral_normal(gain=g)`` coincides in
+distribution with ``variance_scaling(g**2, 'fan_in', 'normal')`` on every
+layer with ``d_out >= d_in``; it differs (smaller) exactly on the layers that
+shrink the width, such as the read-out head.
+
+Layers built with ``nn.scan`` / ``nnx.vmap`` call the initializer per layer
+(the stacked axis is vmapped away), so nothing special is needed; pass
+``batch_axis`` only when one call creates the stacked array itself.
+
+Gain. The default ``gain=1.0`` makes :func:`spectral_orthogonal` hit the
+spectral target exactly and makes :func:`spectral_normal` equal Flax's default
+LeCun-normal scale on non-shrinking layers. For ReLU networks use
+``gain=math.sqrt(2)`` (Kaiming's correction for ReLU halving the second
+moment; REFERENCE.md's sigma0). Worked example (input 3072, hidden 4096, one
+output, ``gain=sqrt(2)``): stds 0.0255, 0.0221, 0.000345.
+
+Values are drawn in float32 (float64 if that is requested) and cast to the
+requested dtype, so bf16 parameters are bf16 draws of the f32 distribution.
+
+References:
+  Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning",
+  Parametrization 1. Saxe, McClelland, Ganguli (2014), orthogonal init.
+  REFERENCE.md section 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spectral_optax.geometry import Geometry, from_matrix
+
+__all__ = ["spectral_normal", "spectral_orthogonal", "spectral_embedding"]
+
+Initializer = Callable[..., jax.Array]
+Axes = int | Sequence[int] | None
+
+
+# --------------------------------------------------------------------------
+# Shared helpers.
+# --------------------------------------------------------------------------
+def _as_axes(axes: Axes) -> tuple[int, ...] | None:
+    if axes is None:
+        return None
+    if isinstance(axes, (int, np.integer)):
+        return (int(axes),)
+    return tuple(int(a) for a in axes)
+
+
+def _check_gain(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    return value
+
+
+def _dtypes(dtype) -> tuple[jnp.dtype, jnp.dtype]:
+    """(requested dtype, dtype to draw in: float32, or float64 if requested)."""
+    dtype = jnp.dtype(jax.dtypes.canonicalize_dtype(jnp.float_ if dtype is None else dtype))
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            f"spectral_optax initializers produce real floating-point weights; got dtype {dtype}. "
+            "Pass a float dtype (e.g. param_dtype=jnp.float32 or jnp.bfloat16)."
+        )
+    return dtype, jnp.promote_types(dtype, jnp.float32)
+
+
+def _matrix_geometry(
+    name: str,
+    shape: tuple[int, ...],
+    in_axis: Axes,
+    out_axis: Axes,
+    batch_axis: Axes,
+    fan_out_splits: int,
+) -> Geometry:
+    """The Geometry of a weight from variance_scaling-style axes, or a clear error."""
+    ndim = len(shape)
+    given = f"{name} got shape {shape} with in_axis={in_axis}, out_axis={out_axis}, batch_axis={batch_axis}"
+    fix = (
+        "A weight needs at least 2 axes: fan-in axes (contracted with the input) and fan-out axes "
+        "(out_axis, default -1); batch_axis names independent stacked matrices. E.g. Dense (in, out): "
+        "defaults; Conv (*window, in, out): defaults; DenseGeneral (in, heads, head_dim): "
+        "out_axis=(-2, -1); stacked (layers, in, out): batch_axis=0. For 1-D biases use zeros "
+        "(flax's default bias_init); for embedding tables use spectral_embedding()."
+    )
+    if ndim < 2:
+        raise ValueError(f"{given}: a {ndim}-D shape is not a matrix. {fix}")
+    axes = {"in_axis": _as_axes(in_axis), "out_axis": _as_axes(out_axis), "batch_axis": _as_axes(batch_axis)}
+    for key, ax in axes.items():
+        if ax is None:
+            continue
+        bad = [a for a in ax if not -ndim <= a < ndim]
+        if bad:
+            raise ValueError(f"{given}: {key} {bad} out of range for a {ndim}-D shape. {fix}")
+        if len({a % ndim for a in ax}) != len(ax):
+            raise ValueError(f"{given}: {key} repeats an axis. {fix}")
+    out = {a % ndim for a in axes["out_axis"]}
+    batch = {a % ndim for a in axes["batch_axis"]}
+    fan_in_given = set() if axes["in_axis"] is None else {a % ndim for a in axes["in_axis"]}
+    for (ka, a), (kb, b) in (
+        (("in_axis", fan_in_given), ("out_axis", out)),
+        (("in_axis", fan_in_given), ("batch_axis", batch)),
+        (("out_axis", out), ("batch_axis", batch)),
+    ):
+        if a & b:
+            raise ValueError(f"{given}: {ka} and {kb} share axes {sorted(a & b)}. {fix}")
+    if not out:
+        raise ValueError(f"{given}: out_axis is empty. {fix}")
+    # Every axis not fan-out or batch is fan-in (a conv window joins the fan-in).
+    fan_in = tuple(a for a in range(ndim) if a not in out and a not in batch)
+    if not fan_in:
+        raise ValueError(f"{given}: no axis is left for the fan-in. {fix}")
+    if fan_out_splits < 1 or math.prod(shape[a] for a in out) % fan_out_splits:
+        raise ValueError(
+            f"{given}: fan_out_splits={fan_out_splits} must be >= 1 and divide the fan-out size "
+            f"{math.prod(shape[a] for a in out)} (e.g. 3 for a fused QKV kernel)."
+        )
+    return Geometry(shape, "matrix", fan_in, tuple(sorted(out)), fan_out_splits=fan_out_splits)
+
+
+def _shape(shape) -> tuple[int, ...]:
+    return tuple(int(s) for s in shape)
+
+
+# --------------------------------------------------------------------------
+# Initializers.
+# --------------------------------------------------------------------------
+def spectral_normal(
+    *,
+    gain: float = 1.0,
+    in_axis: Axes = None,
+    out_axis: Axes = -1,
+    batch_axis: Axes = (),
+    fan_out_splits: int = 1,
+    dtype=None,
+) -> Initializer:
+    """Gaussian init with the spectral condition's std (Parametrization 1).
+
+    Entries are i.i.d. ``N(0, sigma^2)`` with
+
+        sigma = gain / sqrt(d_in) * min(1, sqrt(d_out / d_in)),
+
+    ``d_in`` the product of the fan-in axes (a conv kernel's window x in) and
+    ``d_out`` the product of ``out_axis`` (divided by ``fan_out_splits``). The
+    resulting spectral norm is about ``sigma (sqrt(d_in) + sqrt(d_out))``,
+    i.e. between 1x and 2x ``gain * sqrt(d_out / d_in)`` per batch slice.
+
+    Args:
+      gain: sigma0; 1.0 by default (``math.sqrt(2)`` for ReLU networks).
+      in_axis: fan-in axes; ``None`` (default) means every axis not in
+        ``out_axis`` / ``batch_axis``. Axes named nowhere also join the fan-in,
+        as in ``jax.nn.initializers.variance_scaling``.
+      out_axis: fan-out axis or axes (default ``-1``).
+      batch_axis: axes of independent matrices (stacked layers, experts).
+      fan_out_splits: the fan-out is this many independent equal blocks (3 for
+        a fused QKV kernel); ``d_out`` is one block's size.
+      dtype: default dtype of the weights (the call's ``dtype`` wins).
+
+    Returns:
+      ``init(key, shape, dtype=dtype) -> Array``.
+
+    References:
+      Yang, Simon, Bernstein (2023), Parametrization 1; REFERENCE.md section 2.
+    """
+    gain = _check_gain("gain", gain)
+    default_dtype = dtype
+
+    def init(key, shape, dtype=default_dtype, out_sharding=None) -> jax.Array:
+        shape = _shape(shape)
+        out_dtype, draw_dtype = _dtypes(dtype)
+        geom = _matrix_geometry("spectral_normal", shape, in_axis, out_axis, batch_axis, fan_out_splits)
+        if math.prod(shape) == 0:
+            return jnp.zeros(shape, out_dtype)
+        d_in, d_out = geom.d_in, geom.d_out
+        std = gain / math.sqrt(d_in) * min(1.0, math.sqrt(d_out / d_in))
+        z = jax.random.normal(key, shape, draw_dtype, out_sharding=out_sharding)
+        return (z * jnp.asarray(std, draw_dtype)).astype(out_dtype)
+
+    return init
+
+
+def spectral_orthogonal(
+    *,
+    gain: float = 1.0,
+    in_axis: Axes = None,
+    out_axis: Axes = -1,
+    batch_axis: Axes = (),
+    fan_out_splits: int = 1,
+    dtype=None,
+) -> Initializer:
+    """Semi-orthogonal init with spectral norm exactly ``gain * sqrt(d_out / d_in)``.
+
+    Each ``(d_in, d_out)`` slice of the canonical view (per batch index and
+    fan-out split block) is ``gain * sqrt(d_out / d_in) * Q``, with ``Q`` a
+    Haar-distributed semi-orthogonal matrix (orthonormal columns if
+    ``d_in >= d_out``, orthonormal rows otherwise): the QR factor of a
+    Gaussian matrix with the signs of ``diag(R)`` moved into ``Q``. All
+    ``min(d_in, d_out)`` singular values equal the target, so the RMS -> RMS
+    operator norm is exactly ``gain``.
+
+    Args: as :func:`spectral_normal`; ``gain`` defaults to 1.0 (the spectral
+      condition's target itself).
+
+    Returns:
+      ``init(key, shape, dtype=dtype) -> Array``.
+
+    References:
+      Yang, Simon, Bernstein (2023), Parametrization 1 (the orthogonal
+      alternative); Saxe, McClelland, Ganguli (2014); REFERENCE.md section 2.
+    """
+    gain = _check_gain("gain", gain)
+    default_dtype = dtype
+
+    def init(key, shape, dtype=default_dtype, out_sharding=None) -> jax.Array:
+        if out_sharding is not None:
+            raise NotImplementedError(
+                "spectral_orthogonal does not take out_sharding; shard the result instead "
+                "(e.g. jax.device_put or jax.sharding.reshard)."
+            )
+        shape = _shape(shape)
+        out_dtype, draw_dtype = _dtypes(dtype)
+        geom = _matrix_geometry("spectral_orthogonal", shape, in_axis, out_axis, batch_axis, fan_out_splits)
+        if math.prod(shape) == 0:
+            return jnp.zeros(shape, out_dtype)
+        d_in, d_out = geom.d_in, geom.d_out
+        tall = d_in >= d_out
+        rows, cols = (d_in, d_out) if tall else (d_out, d_in)
+        g = jax.random.normal(key, (geom.num_slices, rows, cols), draw_dtype)
+        q, r = jnp.linalg.qr(g, mode="reduced")  # q: (slices, rows, cols)
+        d = jnp.diagonal(r, axis1=-2, axis2=-1)
+        q = q * jnp.where(d < 0, -1.0, 1.0).astype(draw_dtype)[..., None, :]
+        m = q if tall else jnp.swapaxes(q, -1, -2)  # (slices, d_in, d_out)
+        m = m * jnp.asarray(gain * math.sqrt(d_out / d_in), draw_dtype)
+        return from_matrix(m, geom).astype(out_dtype)
+
+    return init
+
+
+def spectral_embedding(*, std: float = 1.0, dtype=None) -> Initializer:
+    """Embedding-table init with Theta(1) entries: i.i.d. ``N(0, std^2)``.
+
+    An embedding's input is one-hot (l1 norm 1, effective ``d_in = 1``), so the
+    spectral condition (l1 -> RMS operator norm Theta(1)) asks each token's
+    vector to have RMS Theta(1), independent of the width: ``std`` does not
+    depend on the shape. For ``nn.Embed(embedding_init=...)`` /
+    ``nnx.Embed(embedding_init=...)``, tables ``(vocab, features)``.
+
+    Args:
+      std: standard deviation of the entries (default 1.0).
+      dtype: default dtype of the table (the call's ``dtype`` wins).
+
+    Returns:
+      ``init(key, shape, dtype=dtype) -> Array``.
+
+    References:
+      Yang, Simon, Bernstein (2023), section on embeddings; REFERENCE.md
+      sections 1-2.
+    """
+    std = _check_gain("std", std)
+    default_dtype = dtype
+
+    def init(key, shape, dtype=default_dtype, out_sharding=None) -> jax.Array:
+        shape = _shape(shape)
+        out_dtype, draw_dtype = _dtypes(dtype)
+        if len(shape) < 1:
+            raise ValueError(
+                f"spectral_embedding got shape {shape}: an embedding table needs at least one axis, "
+                "typically (vocab, features)."
+            )
+        if math.prod(shape) == 0:
+            return jnp.zeros(shape, out_dtype)
+        z = jax.random.normal(key, shape, draw_dtype, out_sharding=out_sharding)
+        return (z * jnp.asarray(std, draw_dtype)).astype(out_dtype)
+
+    return init
