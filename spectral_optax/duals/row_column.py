@@ -33,8 +33,9 @@ vector RMS ``1/d_in``.
 that rescaling. ``a^(p-1)`` is computed once and reused for ``a^p = a *
 a^(p-1)``: for static integer and half-integer exponents with integer
 multiplications and one ``sqrt`` (p = 1.5, 2, 2.5, 3 never call ``exp``/``log``);
-for other or traced (e.g. ``inject_hyperparams``) exponents with
-``jnp.power`` (``exp((p-1) log a)``, with ``0^x = 0`` for x > 0 and ``0^0 = 1``).
+for other or traced (e.g. ``inject_hyperparams``) exponents as
+``exp((p-1) log a)`` (0 where ``a = 0``). The sum ``sum_i a_i^p`` is always
+``sum exp(p log a)``, which keeps the reduction fast on XLA:CPU.
 ``p = 1`` (static) returns ``sign`` exactly. All-zero vectors map to zero.
 The result is cast back to the input's dtype.
 
@@ -82,7 +83,26 @@ def _pow_static(a, e: float):
         k = int(math.floor(e))
         root = jnp.sqrt(a)
         return root if k == 0 else jax.lax.integer_pow(a, k) * root
-    return jnp.power(a, e)
+    return _pow_exp_log(a, e)
+
+
+def _pow_exp_log(a, e):
+    """``a**e = exp(e log a)`` for ``a`` in [0, 1]; 0 where ``a = 0`` (the
+    caller multiplies by ``sign(x) = 0`` there, so ``0**0`` is immaterial)."""
+    positive = a > 0
+    return jnp.where(positive, jnp.exp(e * jnp.log(jnp.where(positive, a, 1.0))), 0.0)
+
+
+def _pow_sum(a, r, axis: int):
+    """``sum(a**r, axis, keepdims=True)`` for ``a`` in [0, 1], ``r > 0``.
+
+    Written as ``exp(r * log(a))`` (``log 0 = -inf`` gives 0) so that every
+    element is used once inside the reduction: XLA:CPU emits a slow,
+    unvectorized loop for reductions whose fused producer reuses a value
+    (e.g. ``a * sqrt(a)``: ~40x slower measured on a 768 x 3072 slice).
+    Relative error ~1e-6 on the sum in float32.
+    """
+    return jnp.sum(jnp.exp(r * jnp.log(a)), axis=axis, keepdims=True)
 
 
 def lp_dual_direction(x: jax.Array, r: Exponent, axis: int) -> jax.Array:
@@ -93,6 +113,8 @@ def lp_dual_direction(x: jax.Array, r: Exponent, axis: int) -> jax.Array:
     Computed on ``|x| / max|x|`` in float32 or wider (see module docstring);
     returns the compute dtype (callers cast back).
     """
+    if x.ndim != 3 or axis not in (1, 2):
+        raise ValueError(f"expected a (num_slices, d_in, d_out) array and axis 1 or 2, got {x.shape}, {axis}")
     x = x.astype(_compute_dtype(x))
     r_static = _static(r)
     if r_static == 1.0:
@@ -102,17 +124,17 @@ def lp_dual_direction(x: jax.Array, r: Exponent, axis: int) -> jax.Array:
     peak = jnp.where(peak > 0, peak, jnp.ones_like(peak))
     if r_static == 2.0:  # plain l2 normalization, no powers
         y = x / peak
-        norm = jnp.sqrt(jnp.sum(y * y, axis=axis, keepdims=True))
+        norm = jnp.sqrt(jnp.sum(jnp.square(y), axis=axis, keepdims=True))
         return y / jnp.where(norm > 0, norm, jnp.ones_like(norm))
     a = mag / peak
     if r_static is not None:
         t = _pow_static(a, r_static - 1.0)  # a^(r-1)
-        s = jnp.sum(a * t, axis=axis, keepdims=True)  # sum a^r, >= 1 unless zero
+        s = _pow_sum(a, r_static, axis)  # sum a^r, >= 1 unless zero
         denom = s ** ((r_static - 1.0) / r_static)
     else:
         r = jnp.asarray(r, x.dtype)
-        t = jnp.power(a, r - 1.0)
-        s = jnp.sum(a * t, axis=axis, keepdims=True)
+        t = _pow_exp_log(a, r - 1.0)
+        s = _pow_sum(a, r, axis)
         denom = jnp.power(s, (r - 1.0) / r)
     denom = jnp.where(denom > 0, denom, jnp.ones_like(denom))
     return jnp.sign(x) * (t / denom)
