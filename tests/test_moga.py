@@ -258,7 +258,8 @@ def test_width_independent_hidden_update_norm():
         params, g = mlp_grads(n)
         for p in ps:
             u = run(so.moga(lr, p), [g], params)[0]
-            norms[p].append(op_norm_p_mean_to_inf(np.asarray(u["Dense_1"]["kernel"], np.float64), p))
+            for layer in ("Dense_0", "Dense_1"):  # input (32 x n) and hidden (n x n) matrices
+                norms[p].append(op_norm_p_mean_to_inf(np.asarray(u[layer]["kernel"], np.float64), p))
         ua = run(optax.adam(lr), [g], params)[0]
         adam_norms.append(op_norm_p_mean_to_inf(np.asarray(ua["Dense_1"]["kernel"], np.float64), 2.0))
     for p in ps:

@@ -179,7 +179,9 @@ def moga(
       rules: ``{regex: rule}`` per-path overrides (first match wins), rule one
         of ``MOGA_RULES`` or an ``optax.GradientTransformation`` producing the
         direction for those leaves (it gets the raw gradients; weight decay
-        and the LR are still applied).
+        and the LR are still applied), e.g. a per-path exponent and factor:
+        ``optax.chain(optax.ema(0.95, debias=False),
+        spectral_optax.scale_by_row_norm(1.5), optax.scale(40.0))``.
       geometry: see :func:`spectral_optax.as_geometry_map`.
       adam_b2, adam_eps: for leaves under the ``'adam'`` rule.
       mu_dtype: momentum dtype (default: the gradient's dtype).
