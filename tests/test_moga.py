@@ -157,6 +157,19 @@ def test_moga_rules_override_per_path():
     assert np.all(u["params/LayerNorm_0/scale"] == 0)
 
 
+def test_custom_rule_composes_public_transforms():
+    """A per-path rule built from public pieces equals the built-in rule."""
+    params = make_params()
+    gs = grads_seq(params, 2)
+    custom = optax.chain(optax.ema(0.9, debias=False), so.scale_by_row_norm(1.5), optax.scale(40.0))
+    a = run(so.moga(0.01, 1.5, base_factor=40.0, momentum=0.9, rules={r"Dense_0/kernel$": custom}), gs, params)
+    b = run(so.moga(0.01, 1.5, base_factor=40.0, momentum=0.9), gs, params)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(
+            np.asarray(x["params"]["Dense_0"]["kernel"]), np.asarray(y["params"]["Dense_0"]["kernel"]), rtol=1e-4, atol=1e-9
+        )
+
+
 def test_moga_bad_rule_and_variant():
     with pytest.raises(ValueError, match="rules"):
         so.moga(0.1, rules={"head": "spectral"})

@@ -36,7 +36,9 @@ def scale_by_row_norm(
     ``||D||_{(p,mean)->inf} = d_in^(1/p) max_i ||d_i||_{p*} <= 1``.
     ``p = 1`` is ``sign(G) / d_in``; ``p = 2`` is l2 normalization of each
     fan-in vector times ``d_in^(-1/2)``. Vectors (``d_in = 1``) become
-    ``sign(g)``. All-zero vectors stay zero.
+    ``sign(g)``; an embedding table is normalized on its canonical view
+    (fan-in = vocabulary), which is rarely wanted: :func:`moga` routes
+    embeddings to ``sign`` instead. All-zero vectors stay zero.
 
     Args:
       p: input norm exponent, ``1 <= p < inf``.
