@@ -1,0 +1,150 @@
+"""Width transfer: does the best learning rate stay put as the width grows 32x?
+
+By default a byte-level next-byte model on the embedded text (Python's
+bundled documentation): ``context`` bytes, each embedded (one table row per
+position and byte, rows summed) -> ReLU -> a hidden Dense layer -> ReLU ->
+256 logits (``--model resmlp``: residual blocks instead). Widths 64..2048,
+an LR grid of 10 factor-2 points per optimizer, for ``spectral_sgd``,
+``mup_adamw``, ``muon`` and ``moga`` (when the package provides them; all
+with Parametrization-1 init) and standard-parametrization ``optax.adamw``
+(Flax default init) as the baseline. ``--data digits`` or
+``--data cifar10:DIR`` switch the task.
+
+For each optimizer: the best LR per width (parabola-refined in log-LR), the
+**spread in grid steps** ``log2(max best LR / min best LR)``, and the train
+loss at the best LR (the best LR is only meaningful while that loss stays
+clearly above its floor). Runs are appended to ``OUT/width_transfer.jsonl``:
+an interrupted run resumes where it stopped.
+
+    python -m benchmarks.width_transfer [--quick] [--json PATH] [--out DIR]
+        [--data text|digits|cifar10:DIR] [--model mlp|resmlp] [--optimizers a,b]
+        [--widths 64,128,...] [--steps N] [--seeds K] [--muon-max-width N]
+
+References: Yang, Simon, Bernstein (2023); Yang et al. (2021), muP;
+REFERENCE.md section 2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import optax
+
+import spectral_optax as so
+from benchmarks import _common
+from spectral_optax import lab
+
+BASE_WIDTH = 64
+
+
+def optimizer_specs(family_for, base_width=BASE_WIDTH):
+    """name -> (init parametrization, LR grid center, factory(lr, width))."""
+    base = family_for("spectral")(base_width).shapes()
+    specs = {
+        "spectral_sgd": ("spectral", 0.03, lambda lr, n: so.spectral_sgd(lr, momentum=0.9)),
+        "mup_adamw": ("spectral", 0.015, lambda lr, n: so.mup_adamw(lr, base=base)),
+    }
+    if hasattr(so, "muon"):
+        specs["muon"] = ("spectral", 0.03, lambda lr, n: so.muon(lr))
+    if hasattr(so, "moga"):
+        specs["moga"] = ("spectral", 0.01, lambda lr, n: so.moga(lr))
+    specs["adamw_sp"] = ("standard", 6e-3, lambda lr, n: optax.adamw(lr, weight_decay=1e-4))
+    return specs
+
+
+def main(argv=None):
+    p = _common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="text", help="text | text:PATH | digits | cifar10:DIR | cifar100:DIR")
+    p.add_argument("--model", default="mlp", choices=("mlp", "resmlp"))
+    p.add_argument("--optimizers", default=None, help="comma-separated subset")
+    p.add_argument("--widths", default=None, help="comma-separated widths")
+    p.add_argument("--num-lrs", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--seeds", type=int, default=None)
+    p.add_argument("--context", type=int, default=8)
+    p.add_argument("--muon-max-width", type=int, default=None,
+                   help="widest Muon model (Newton-Schulz is O(n^3) per step on a CPU)")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+
+    quick = args.quick
+    widths = ([int(w) for w in args.widths.split(",")] if args.widths
+              else [64, 128, 256, 512] if quick else [64, 128, 256, 512, 1024, 2048])
+    num_lrs = args.num_lrs or (8 if quick else 10)
+    steps = args.steps or (150 if quick else 400)
+    batch_size = args.batch_size or (32 if quick else 64)
+    seeds = list(range(args.seeds or 1))
+    muon_max = args.muon_max_width or (256 if quick else 512)
+
+    data = lab.load(args.data, context=args.context, flatten=True)
+    residual = args.model == "resmlp"
+    depth = 2 if residual else 1
+
+    def family_for(init):
+        return lab.mlp_family(data, vary="width", depth=depth, residual=residual,
+                              alpha=0.5 if residual else None, init=init)
+
+    specs = optimizer_specs(family_for)
+    if args.optimizers:
+        wanted = args.optimizers.split(",")
+        unknown = [w for w in wanted if w not in specs]
+        if unknown:
+            raise SystemExit(f"unknown or unavailable optimizers {unknown}; have {list(specs)}")
+        specs = {k: v for k, v in specs.items() if k in wanted}
+    results_path = os.path.join(args.out, "width_transfer.jsonl")
+    tag = f"{args.model}/ctx{args.context}" + ("/quick" if quick else "")
+    print(f"width transfer: data={data.name}, model={args.model}, widths={widths}, "
+          f"{num_lrs} LRs (x2), {steps} steps, batch {batch_size}, seeds {seeds}")
+    t0 = time.time()
+    results, summaries, skipped = {}, {}, {}
+    for name, (init, center, factory) in specs.items():
+        ws = widths
+        if name == "muon":
+            ws = [w for w in widths if w <= muon_max]
+            if len(ws) < len(widths):
+                skipped[name] = [w for w in widths if w > muon_max]
+        t = time.time()
+        res = lab.sweep(family_for(init), factory, ws, lab.lr_grid(center, num_lrs), data,
+                        steps=steps, batch_size=batch_size, seeds=seeds, results=results_path,
+                        name=name, tag=tag, size_name="width", progress=not args.no_progress)
+        results[name] = res
+        summaries[name] = s = res.summary()
+        print(f"\n{name} ({init} init, {time.time() - t:.0f} s): spread {s['spread_steps']:.2f} "
+              f"grid steps over widths {ws[0]}..{ws[-1]}")
+        print("  width    best LR   loss@best  diverged" + ("  (edge)" if s["at_edge"] else ""))
+        for w in ws:
+            edge = "  at grid edge" if w in s["at_edge"] else ""
+            print(f"  {w:5d}  {s['best_lr'][w]:9.3g}  {s['loss_at_best'][w]:9.4f}  "
+                  f"{s['diverged'][w]:8d}{edge}", flush=True)
+    elapsed = time.time() - t0
+
+    print("\nsummary (spread in grid steps of x2; loss = train loss at the best LR):")
+    print(f"  {'optimizer':14s} {'spread':>7s}  {'widths':>12s}  loss@best (per width)")
+    for name, s in summaries.items():
+        ws = sorted(s["best_lr"])
+        losses = " ".join(f"{s['loss_at_best'][w]:.3f}" for w in ws)
+        print(f"  {name:14s} {s['spread_steps']:7.2f}  {f'{ws[0]}..{ws[-1]}':>12s}  {losses}")
+    if skipped:
+        print(f"  (not run, CPU budget: {skipped})")
+    fig = os.path.join(args.out, "width_transfer.png")
+    lab.plot_sweeps(results, fig, suptitle=f"width transfer: {data.name}, {args.model}, "
+                    f"{steps} steps x batch {batch_size}")
+    print(f"figure: {fig}   results: {results_path}   ({elapsed:.0f} s)")
+    _common.write_json(args.json, {
+        "benchmark": "width_transfer", "quick": quick, "data": data.name, "model": args.model,
+        "widths": widths, "num_lrs": num_lrs, "steps": steps, "batch_size": batch_size,
+        "seeds": seeds, "grid_ratio": 2.0, "skipped_widths": skipped,
+        "runs": [r for res in results.values() for r in res.runs],
+        "summary": {k: {kk: s[kk] for kk in ("best_lr", "spread_steps", "loss_at_best",
+                                              "best_lr_grid", "at_edge", "diverged")}
+                    for k, s in summaries.items()},
+        "figure": fig, "seconds": elapsed, "environment": _common.environment(),
+    })
+    return summaries
+
+
+if __name__ == "__main__":
+    main()

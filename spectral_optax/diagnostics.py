@@ -1,0 +1,421 @@
+"""Diagnostics of feature learning: is every layer moving by Theta(1)?
+
+The spectral condition asks that hidden features ``h`` and their updates
+``dh`` have comparable size at every width, and that every weight and weight
+update has spectral norm ``Theta(sqrt(d_out / d_in))``. These functions
+measure exactly that:
+
+* :func:`relative_change`: ``||x_new - x_old||_F / ||x_old||_F`` (features:
+  the relative feature change ``||dh|| / ||h||``).
+* :func:`relative_weight_change`: ``||dW||_* / ||W||_*`` (spectral) or
+  ``||dW||_F / ||W||_F`` per parameter, on the canonical matrix view of the
+  parameter's :class:`~spectral_optax.Geometry` (max over slices).
+* :func:`spectral_norm`, :func:`stable_rank` (``||W||_F^2 / ||W||_*^2``).
+* :func:`alignment`: final-layer alignment ``|f| / (||w_out|| ||h||)``.
+* :func:`coord_check`: trains a bias-free ReLU MLP for a few steps at several
+  widths with a given optimizer and tabulates the relative change of every
+  layer's activations (a width-independent table is what muP promises).
+
+References:
+  Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning"
+  (relative changes, alignment, Figures 1-3). Yang et al. (2021), "Tensor
+  Programs V" (coordinate checks). REFERENCE.md section 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from spectral_optax.geometry import Geometry, GeometryLike, map_with_geometry, to_matrix
+
+__all__ = [
+    "relative_change",
+    "relative_feature_change",
+    "spectral_norm",
+    "frobenius_norm",
+    "stable_rank",
+    "relative_weight_change",
+    "alignment",
+    "CoordCheck",
+    "coord_check",
+    "coord_check_mlp",
+]
+
+
+def _f32(x):
+    x = jnp.asarray(x)
+    return x.astype(jnp.float32) if x.dtype != jnp.float64 else x
+
+
+def _norm(x, axis=None) -> jax.Array:
+    """Overflow-safe l2 / Frobenius norm (scaled by the largest entry first)."""
+    m = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
+    safe = jnp.where(m > 0, m, 1.0)
+    out = jnp.squeeze(safe, axis) * jnp.sqrt(jnp.sum((x / safe) ** 2, axis=axis))
+    return out
+
+
+def relative_change(new, old, eps: float = 1e-30) -> jax.Array:
+    """``||new - old||_F / ||old||_F`` (0 when both are 0, inf when only old is)."""
+    new, old = _f32(new), _f32(old)
+    num = _norm(new - old)
+    den = _norm(old)
+    return jnp.where(den > eps, num / jnp.maximum(den, eps), jnp.where(num > eps, jnp.inf, 0.0))
+
+
+def relative_feature_change(features_new, features_old) -> Any:
+    """``||dh|| / ||h||`` per feature (a tree of activations, e.g. a dict by
+    layer name); Frobenius norms over the whole batch."""
+    return jax.tree.map(relative_change, features_new, features_old)
+
+
+def _as_geometry(x, geometry: Geometry | None) -> Geometry:
+    if geometry is not None:
+        return geometry
+    shape = tuple(np.shape(x))
+    if len(shape) < 2:
+        return Geometry.vector(shape)
+    return Geometry.matrix(shape)
+
+
+def _top_singular(m: jax.Array, method: str, iters: int) -> jax.Array:
+    """Largest singular value of each slice of ``m`` (batch, d_in, d_out)."""
+    if method == "auto":
+        method = "svd" if min(m.shape[-2:]) <= 1024 else "power"
+    # Scale each slice by its largest entry (no overflow for huge inputs).
+    scale = jnp.max(jnp.abs(m), axis=(-2, -1))
+    scale = jnp.where(scale > 0, scale, 1.0)
+    return scale * _top_singular_unit(m / scale[:, None, None], method, iters)
+
+
+def _top_singular_unit(m, method, iters):
+    if method == "svd":
+        return jnp.linalg.svd(m, compute_uv=False)[..., 0]
+    if method != "power":
+        raise ValueError(f"method must be 'svd', 'power' or 'auto', got {method!r}")
+    # Power iteration on the Gram matrix side of the smaller dimension.
+    if m.shape[-2] < m.shape[-1]:
+        m = jnp.swapaxes(m, -1, -2)
+    v = jnp.ones(m.shape[:-2] + (m.shape[-1],), m.dtype) + 1e-3 * jnp.arange(m.shape[-1])
+    v = v / jnp.linalg.norm(v, axis=-1, keepdims=True)
+
+    def body(_, v):
+        w = jnp.einsum("bij,bj->bi", m, v)
+        v = jnp.einsum("bij,bi->bj", m, w)
+        return v / jnp.maximum(jnp.linalg.norm(v, axis=-1, keepdims=True), 1e-30)
+
+    v = jax.lax.fori_loop(0, iters, body, v)
+    return jnp.linalg.norm(jnp.einsum("bij,bj->bi", m, v), axis=-1)
+
+
+def spectral_norm(x, geometry: Geometry | None = None, *, method: str = "auto",
+                  iters: int = 100) -> jax.Array:
+    """``||W||_*`` (largest singular value) of the canonical matrix view.
+
+    Several slices (stacked layers, heads): the maximum over slices.
+
+    Args:
+      x: the parameter (or update).
+      geometry: its :class:`~spectral_optax.Geometry`; default: a matrix with
+        fan-in axis -2 and fan-out axis -1 (a vector for < 2 dims).
+      method: ``'svd'`` (exact), ``'power'`` (``iters`` power iterations, for
+        large matrices) or ``'auto'`` (SVD up to min dimension 1024).
+    """
+    m = to_matrix(_f32(x), _as_geometry(x, geometry))
+    return jnp.max(_top_singular(m, method, iters))
+
+
+def frobenius_norm(x) -> jax.Array:
+    """``||W||_F``."""
+    return _norm(_f32(x))
+
+
+def stable_rank(x, geometry: Geometry | None = None, *, method: str = "auto") -> jax.Array:
+    """``||W||_F^2 / ||W||_*^2`` of the matrix view (per slice; the mean over slices)."""
+    m = to_matrix(_f32(x), _as_geometry(x, geometry))
+    scale = jnp.max(jnp.abs(m), axis=(-2, -1), keepdims=True)
+    m = m / jnp.where(scale > 0, scale, 1.0)  # scale-invariant; avoids overflow
+    top = _top_singular(m, method, 100)
+    fro2 = jnp.sum(m**2, axis=(-2, -1))
+    return jnp.mean(fro2 / jnp.maximum(top**2, 1e-30))
+
+
+def relative_weight_change(new, old, *, norm: str = "spectral", geometry: GeometryLike = None,
+                           method: str = "auto") -> Any:
+    """``||W_new - W_old|| / ||W_old||`` per parameter.
+
+    Args:
+      new, old: parameter trees (or single arrays) of equal structure.
+      norm: ``'spectral'`` (largest singular value of the canonical matrix
+        view, max over slices) or ``'frobenius'``.
+      geometry: geometry overrides for trees (see
+        :func:`spectral_optax.as_geometry_map`), or a :class:`Geometry` for a
+        single array.
+      method: spectral-norm method, see :func:`spectral_norm`.
+
+    Returns:
+      a tree of scalars with the structure of ``new`` (a scalar for arrays).
+    """
+    if norm not in ("spectral", "frobenius"):
+        raise ValueError(f"norm must be 'spectral' or 'frobenius', got {norm!r}")
+
+    def one(g, a, b):
+        if norm == "frobenius":
+            return relative_change(a, b)
+        num = spectral_norm(_f32(a) - _f32(b), g, method=method)
+        den = spectral_norm(b, g, method=method)
+        return num / jnp.maximum(den, 1e-30)
+
+    if hasattr(new, "shape") and hasattr(old, "shape"):
+        g = geometry if isinstance(geometry, Geometry) else _as_geometry(new, None)
+        return one(g, new, old)
+    return map_with_geometry(one, geometry, new, old)
+
+
+def alignment(f, w_out, h) -> jax.Array:
+    """Final-layer alignment ``|f| / (||w_out|| ||h||)``, averaged over the batch.
+
+    1 means the read-out vector points along the features (a low-rank,
+    aligned update: what feature learning produces); ~``1/sqrt(n)`` means
+    random alignment.
+
+    Args:
+      f: outputs ``(batch,)`` or ``(batch, 1)``.
+      w_out: read-out weights ``(n,)`` or ``(n, 1)``.
+      h: last hidden features ``(batch, n)``.
+    """
+    f = _f32(f).reshape(-1)
+    h = _f32(h).reshape(f.shape[0], -1)
+    wn = _norm(_f32(w_out))
+    hn = _norm(h, axis=-1)
+    return jnp.mean(jnp.abs(f) / jnp.maximum(wn * hn, 1e-30))
+
+
+# --------------------------------------------------------------------------
+# Coordinate check.
+# --------------------------------------------------------------------------
+def coord_check_mlp(width: int, *, depth: int = 2, d_in: int = 32, d_out: int = 1,
+                    init: str = "spectral", gain: float = math.sqrt(2.0)):
+    """The coordinate-check model: a bias-free ReLU MLP ``d_in -> width^depth -> d_out``.
+
+    Returns ``(init_fn, features_fn)``: ``init_fn(key) -> params`` (a dict
+    ``{'Dense_0': {'kernel'}, ..., 'head': {'kernel'}}`` in Flax layout) and
+    ``features_fn(params, x) -> {'h1': ..., 'h<depth>': ..., 'out': ...}``
+    (post-ReLU hidden activations and the output).
+
+    ``init='spectral'``: Parametrization 1, std ``gain / sqrt(d_in) *
+    min(1, sqrt(d_out / d_in))`` per layer; ``init='standard'``: Kaiming
+    (SP), std ``gain / sqrt(d_in)`` for every layer.
+    """
+    if init not in ("spectral", "standard"):
+        raise ValueError(f"init must be 'spectral' or 'standard', got {init!r}")
+    dims = [d_in] + [width] * depth + [d_out]
+    names = [f"Dense_{i}" for i in range(depth)] + ["head"]
+
+    def init_fn(key):
+        keys = jax.random.split(key, len(names))
+        params = {}
+        for k, name, a, b in zip(keys, names, dims[:-1], dims[1:]):
+            std = gain / math.sqrt(a)
+            if init == "spectral":
+                std *= min(1.0, math.sqrt(b / a))
+            params[name] = {"kernel": std * jax.random.normal(k, (a, b), jnp.float32)}
+        return params
+
+    def features_fn(params, x):
+        feats = {}
+        h = x
+        for i in range(depth):
+            h = jax.nn.relu(h @ params[f"Dense_{i}"]["kernel"])
+            feats[f"h{i + 1}"] = h
+        feats["out"] = h @ params["head"]["kernel"]
+        return feats
+
+    return init_fn, features_fn
+
+
+@dataclasses.dataclass
+class CoordCheck:
+    """Result of :func:`coord_check`.
+
+    Attributes:
+      widths: the widths.
+      table: ``{layer: [mean over seeds per width]}``: ``||dh|| / ||h||`` for
+        hidden layers ``h1..``; for the output ``out`` the absolute RMS
+        change ``rms(f_t - f_0)`` (``f_0`` itself shrinks with width under muP).
+      std: same layout, standard deviation over seeds.
+      steps: training steps taken.
+    """
+
+    widths: list[int]
+    table: dict[str, list[float]]
+    std: dict[str, list[float]]
+    steps: int
+    name: str = ""
+
+    def ratio(self, layer: str) -> float:
+        """``max / min`` over widths of a layer's relative change (inf if any
+        entry is non-finite or 0)."""
+        v = np.asarray(self.table[layer], float)
+        if not np.all(np.isfinite(v)) or v.min() <= 0:
+            return float("inf")
+        return float(v.max() / v.min())
+
+    def growth(self, layer: str) -> float:
+        """Last width's value over the first width's."""
+        v = np.asarray(self.table[layer], float)
+        return float(v[-1] / v[0]) if v[0] > 0 else float("inf")
+
+    def format(self) -> str:
+        """A plain-text table (widths as columns)."""
+        head = f"{self.name or 'coord check'} (relative change after {self.steps} steps)"
+        lines = [head, "layer  " + " ".join(f"{w:>9d}" for w in self.widths)]
+        for layer, vals in self.table.items():
+            lines.append(f"{layer:6s} " + " ".join(f"{v:9.3g}" for v in vals))
+        return "\n".join(lines)
+
+    def plot(self, path=None, *, ax=None, title=None):
+        """Relative change vs width (log-log), one line per layer."""
+        import matplotlib
+
+        matplotlib.use("Agg") if ax is None and path is not None else None
+        import matplotlib.pyplot as plt
+
+        fig = None
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(3.6, 2.8))
+        for layer, vals in self.table.items():
+            ax.errorbar(self.widths, vals, yerr=self.std[layer], marker="o", ms=3, capsize=2,
+                        label=layer)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("width")
+        ax.set_ylabel("||dh|| / ||h||")
+        ax.set_title(title if title is not None else self.name, fontsize=9)
+        ax.legend(fontsize=7, frameon=False)
+        ax.grid(alpha=0.3, which="both", lw=0.4)
+        if fig is not None and path is not None:
+            fig.savefig(path, dpi=90, bbox_inches="tight")
+            plt.close(fig)
+        return ax
+
+
+def _call_with_base(factory, width, base):
+    try:
+        n = len([p for p in inspect.signature(factory).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                 and p.default is p.empty])
+    except (TypeError, ValueError):
+        n = 1
+    return factory(width, base) if n >= 2 else factory(width)
+
+
+def coord_check(
+    optimizer: optax.GradientTransformation | Callable,
+    widths: Sequence[int] = (64, 128, 256, 512, 1024),
+    *,
+    init: str = "spectral",
+    steps: int = 3,
+    depth: int = 2,
+    d_in: int = 32,
+    batch_size: int = 32,
+    seeds: Sequence[int] = (0, 1, 2),
+    data: tuple[np.ndarray, np.ndarray] | None = None,
+    name: str = "",
+    plot: str | None = None,
+) -> CoordCheck:
+    """Coordinate check: relative activation change per layer across widths.
+
+    Trains the bias-free ReLU MLP of :func:`coord_check_mlp` (``d_in ->
+    width x depth -> 1``) for ``steps`` full-batch steps of the mean squared
+    error ``0.5 (f - y)^2`` on a fixed batch, then measures
+    ``||h_t - h_0||_F / ||h_0||_F`` on that batch for every hidden layer (and
+    the RMS output change ``rms(f_t - f_0)``), averaged over ``seeds``. Under muP / the spectral condition
+    each row of the table is flat in width; under the standard
+    parametrization with one learning rate it grows.
+
+    Args:
+      optimizer: an ``optax.GradientTransformation`` (same at every width) or
+        a factory ``width -> transform`` or ``(width, base_params) -> transform``,
+        where ``base_params`` are the model's parameter shapes at
+        ``widths[0]`` (e.g. ``lambda n, base: so.mup_sgd(0.1, base=base)``).
+      widths: widths to compare (increasing).
+      init: ``'spectral'`` (Parametrization 1) or ``'standard'`` (Kaiming, SP).
+      steps: optimizer steps.
+      depth: number of hidden layers.
+      d_in: input dimension (ignored when ``data`` is given).
+      batch_size: examples in the fixed batch (ignored when ``data`` is given).
+      seeds: initialization seeds to average over.
+      data: ``(x, y)`` with ``x: (batch, d_in)``, ``y: (batch,)``; default a
+        fixed Gaussian batch with +-1 targets.
+      name: label for the table and plot.
+      plot: save a log-log plot there when given.
+
+    Returns:
+      a :class:`CoordCheck` (``.table``, ``.ratio(layer)``, ``.format()``,
+      ``.plot()``).
+    """
+    widths = [int(w) for w in widths]
+    if data is None:
+        kx, ky = jax.random.split(jax.random.key(1234))
+        x = jax.random.normal(kx, (batch_size, d_in), jnp.float32)
+        y = jnp.where(jax.random.bernoulli(ky, 0.5, (batch_size,)), 1.0, -1.0)
+    else:
+        x, y = jnp.asarray(data[0], jnp.float32), jnp.asarray(data[1], jnp.float32)
+        d_in = x.shape[-1]
+    base_init, _ = coord_check_mlp(widths[0], depth=depth, d_in=d_in, init=init)
+    base = jax.eval_shape(base_init, jax.random.key(0))
+    seeds_arr = jnp.asarray(list(seeds), jnp.uint32)
+    table: dict[str, list[float]] = {}
+    std: dict[str, list[float]] = {}
+    for width in widths:
+        init_fn, features_fn = coord_check_mlp(width, depth=depth, d_in=d_in, init=init)
+        opt = (optimizer if isinstance(optimizer, optax.GradientTransformation)
+               else _call_with_base(optimizer, width, base))
+
+        def loss_fn(params):
+            f = features_fn(params, x)["out"][:, 0]
+            return 0.5 * jnp.mean((f - y) ** 2)
+
+        def run(seed):
+            params0 = init_fn(jax.random.key(seed))
+
+            def step(carry, _):
+                params, state = carry
+                grads = jax.grad(loss_fn)(params)
+                updates, state = opt.update(grads, state, params)
+                return (optax.apply_updates(params, updates), state), None
+
+            (params, _), _ = jax.lax.scan(step, (params0, opt.init(params0)), None, length=steps)
+            new, old = features_fn(params, x), features_fn(params0, x)
+            change = relative_feature_change(
+                {k: v for k, v in new.items() if k != "out"},
+                {k: v for k, v in old.items() if k != "out"},
+            )
+            # The output starts near 0 under muP (f_0 ~ n^-1/2), so its change is
+            # absolute: RMS over the batch of f_t - f_0.
+            change["out"] = jnp.sqrt(jnp.mean((new["out"] - old["out"]) ** 2))
+            return change
+
+        changes = jax.device_get(jax.jit(jax.vmap(run))(seeds_arr))
+        for layer, vals in changes.items():
+            vals = np.asarray(vals, float)
+            vals = np.where(np.isfinite(vals), vals, np.inf)
+            table.setdefault(layer, []).append(float(np.mean(vals)))
+            std.setdefault(layer, []).append(float(np.std(vals)) if np.all(np.isfinite(vals))
+                                             else float("nan"))
+    order = sorted((k for k in table if k != "out"), key=lambda k: int(k[1:])) + ["out"]
+    result = CoordCheck(widths, {k: table[k] for k in order}, {k: std[k] for k in order},
+                        steps, name)
+    if plot is not None:
+        result.plot(plot)
+    return result

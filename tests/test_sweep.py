@@ -1,0 +1,212 @@
+"""LR sweep harness: spread on synthetic curves, a tiny vmapped sweep, resume."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from spectral_optax import lab
+from spectral_optax.lab import Model
+
+
+# --------------------------------------------------------------------------
+# Spread / refinement on synthetic curves.
+# --------------------------------------------------------------------------
+def test_refine_minimum_recovers_parabola_vertex():
+    grid = np.array(lab.lr_grid(1e-2, 10))
+    for true_log2 in (-7.3, -6.64, -6.0):  # sub-grid optima
+        losses = 2.0 + 0.3 * (np.log2(grid) - true_log2) ** 2
+        best, i = lab.refine_minimum(grid, losses)
+        np.testing.assert_allclose(np.log2(best), true_log2, atol=1e-9)
+        assert grid[i] == grid[np.argmin(losses)]
+
+
+def test_refine_minimum_edges_and_divergence():
+    grid = [1.0, 2.0, 4.0, 8.0]
+    assert lab.refine_minimum(grid, [1.0, 2.0, 3.0, 4.0]) == (1.0, 0)  # edge: grid point
+    # neighbour diverged: no parabola through inf
+    assert lab.refine_minimum(grid, [3.0, 2.0, 1.0, np.nan]) == (4.0, 2)
+    best, i = lab.refine_minimum(grid, [np.inf] * 4)
+    assert np.isnan(best) and i == -1
+
+
+def _runs(optima_log2, grid, seeds=(0, 1), diverge_above=None):
+    runs = []
+    for size, opt in optima_log2.items():
+        for seed in seeds:
+            for lr in grid:
+                div = diverge_above is not None and lr > diverge_above
+                loss = 1.0 + (np.log2(lr) - opt) ** 2 + 0.01 * seed
+                runs.append(dict(size=size, seed=seed, lr=lr, train_loss=None if div else loss,
+                                 val_loss=None if div else loss, diverged=div))
+    return runs
+
+
+def test_spread_on_synthetic_curves():
+    grid = lab.lr_grid(0.1, 10)
+    optima = {64: np.log2(0.1), 256: np.log2(0.1) + 0.5, 1024: np.log2(0.1) + 1.5}
+    s = lab.summarize(_runs(optima, grid))
+    np.testing.assert_allclose(s["spread_steps"], 1.5, atol=1e-9)
+    np.testing.assert_allclose(np.log2(s["best_lr"][256]), optima[256], atol=1e-9)
+    assert s["grid_ratio"] == pytest.approx(2.0)
+    np.testing.assert_allclose(s["loss_at_best"][64], 1.005)  # mean over seeds at grid min
+    # a factor-4 grid halves the spread in grid steps
+    grid4 = [0.1 * 4.0**k for k in range(-4, 4)]
+    s4 = lab.summarize(_runs({1: -3.0, 2: 1.0}, grid4))
+    assert s4["grid_ratio"] == pytest.approx(4.0)
+    np.testing.assert_allclose(s4["spread_steps"], 2.0, atol=1e-9)
+    assert lab.spread_steps([0.1]) == 0.0
+
+
+def test_diverged_runs_counted_not_dropped():
+    grid = lab.lr_grid(0.1, 8)
+    runs = _runs({8: np.log2(0.1)}, grid, diverge_above=0.5)
+    s = lab.summarize(runs)
+    assert s["num_runs"] == len(runs) == 16
+    assert s["diverged"][8] == 2 * sum(lr > 0.5 for lr in grid)
+    np.testing.assert_allclose(s["best_lr"][8], 0.1, rtol=1e-9)
+    # one diverged seed makes that (size, lr) diverged
+    runs[0]["diverged"], runs[0]["train_loss"] = True, None
+    assert lab.summarize(runs)["diverged"][8] == s["diverged"][8] + 1
+
+
+# --------------------------------------------------------------------------
+# A tiny vmapped sweep against a closed form.
+# --------------------------------------------------------------------------
+def quadratic_family(size):
+    """loss = sum((p - 3)^2) / size, p0 = 0: SGD has a closed form."""
+
+    def init(key):
+        return {"p": jnp.zeros((size,), jnp.float32)}
+
+    def apply(params, x):
+        return params["p"]
+
+    def loss(params, x, y):
+        return jnp.sum((params["p"] - 3.0) ** 2) / size
+
+    return Model(init, apply, loss)
+
+
+def test_vmapped_sweep_matches_closed_form(tmp_path):
+    data = lab.digits_binary()
+    steps, lrs = 20, [0.01, 0.05, 0.1, 1e30]
+    res = lab.sweep(quadratic_family, lambda lr: optax.sgd(lr), [1, 2], lrs, data, steps=steps,
+                    batch_size=4, results=tmp_path / "r.jsonl", progress=False, name="q")
+    assert len(res.runs) == 8
+    for r in res.runs:
+        # p_t = 3 (1 - (1 - 2 lr / size)^t); the loss before step t is 9 (1 - 2 lr / size)^(2t)
+        if r["lr"] > 1:
+            assert r["diverged"] and r["train_loss"] is None
+        else:
+            c = 1 - 2 * r["lr"] / r["size"]
+            expect = 9 * c ** (2 * (steps - 1))
+            assert not r["diverged"]
+            np.testing.assert_allclose(r["train_loss"], expect, rtol=2e-4, atol=1e-9)
+            np.testing.assert_allclose(r["initial_loss"], 9.0, rtol=1e-6)
+            np.testing.assert_allclose(r["val_loss"], 9 * c ** (2 * steps), rtol=2e-4, atol=1e-12)
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert len(lines) == 8 and all(json.loads(line)["name"] == "q" for line in lines)
+
+
+@pytest.mark.slow
+def test_tiny_mlp_sweep_and_plot(tmp_path):
+    data = lab.digits()
+    fam = lab.mlp_family(data, vary="width", depth=1, init="spectral")
+    res = lab.sweep(fam, lambda lr, n: optax.adam(lr), [8, 16], lab.lr_grid(1e-2, 3), data,
+                    steps=10, batch_size=16, seeds=[0, 1], progress=True, size_name="width")
+    assert len(res.runs) == 2 * 3 * 2
+    assert all(np.isfinite(r["train_loss"]) and r["train_loss"] < r["initial_loss"] + 1
+               for r in res.runs)
+    # different seeds give different runs, the same seed is reproducible
+    a = [r["train_loss"] for r in res.runs if r["size"] == 8 and r["lr"] == res.runs[0]["lr"]]
+    assert a[0] != a[1]
+    s = res.summary()
+    assert set(s["best_lr"]) == {8, 16} and s["metric"] == "train_loss"
+    res.plot(tmp_path / "s.png")
+    lab.plot_sweeps({"adam": res, "again": res.runs}, tmp_path / "all.png")
+    assert (tmp_path / "s.png").stat().st_size > 1000 and (tmp_path / "all.png").exists()
+
+
+# --------------------------------------------------------------------------
+# Resume after an interruption.
+# --------------------------------------------------------------------------
+class Interrupt(BaseException):
+    pass
+
+
+def test_resume_after_interruption(tmp_path):
+    data = lab.digits_binary()
+    path = tmp_path / "r.jsonl"
+    calls = []
+
+    def family(size, fail_at=None):
+        calls.append(size)
+        if size == fail_at:
+            raise Interrupt()
+        return quadratic_family(size)
+
+    kw = dict(steps=5, batch_size=2, seeds=[0, 1], results=path, progress=False, name="q")
+    lrs = [0.01, 0.02]
+    with pytest.raises(Interrupt):
+        lab.sweep(lambda n: family(n, fail_at=2), optax.sgd, [1, 2, 3], lrs, data, **kw)
+    first = path.read_text().splitlines()
+    assert len(first) == 4 and calls == [1, 2]  # size 1 finished and recorded
+    # a kill in the middle of a write leaves a partial line
+    with open(path, "a") as f:
+        f.write('{"name": "q", "size": 2, "se')
+    calls.clear()
+    with pytest.warns(UserWarning, match="malformed"):
+        res = lab.sweep(family, optax.sgd, [1, 2, 3], lrs, data, **kw)
+    assert calls == [2, 3]  # size 1 is not redone
+    assert len(res.runs) == 12
+    lines = path.read_text().splitlines()
+    assert lines[:4] == first  # nothing lost or rewritten
+    recs = [json.loads(line) for line in lines if line.startswith("{") and line.endswith("}")]
+    keys = [(r["size"], r["seed"], r["lr"]) for r in recs]
+    assert len(keys) == len(set(keys)) == 12
+    calls.clear()
+    with pytest.warns(UserWarning):
+        again = lab.sweep(family, optax.sgd, [1, 2, 3], lrs, data, **kw)
+    assert calls == [] and len(again.runs) == 12
+    # a different configuration (more steps) is a different run
+    with pytest.warns(UserWarning):
+        more = lab.sweep(family, optax.sgd, [1], lrs, data, **dict(kw, steps=6))
+    assert calls == [1] and len(more.runs) == 4
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill(tmp_path):
+    """A real kill -9 in the middle of a sweep, then a rerun."""
+    path = tmp_path / "r.jsonl"
+    (tmp_path / "t.txt").write_text("some text to train on. " * 10)
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        import jax.numpy as jnp, optax
+        from spectral_optax import lab
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_sweep import quadratic_family
+        def family(size):
+            if size == 3 and os.environ.get("KILL"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return quadratic_family(size)
+        data = lab.text({str(tmp_path / "t.txt")!r}, context=2)
+        res = lab.sweep(family, optax.sgd, [1, 2, 3], [0.01, 0.1], data, steps=4,
+                        batch_size=2, results={str(path)!r}, progress=False)
+        print("RUNS", len(res.runs))
+    """)
+    env = dict(os.environ, KILL="1", JAX_PLATFORMS="cpu")
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert p.returncode == -9, p.stderr[-2000:]
+    assert len(path.read_text().splitlines()) == 4
+    env.pop("KILL")
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert p.returncode == 0 and "RUNS 6" in p.stdout, p.stderr[-2000:]
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(recs) == 6 and len({(r["size"], r["lr"]) for r in recs}) == 6
