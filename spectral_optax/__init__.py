@@ -43,3 +43,12 @@ from spectral_optax.newton_schulz import (
 )
 from spectral_optax.transforms.orthogonalize import orthogonalize_via_newton_schulz
 from spectral_optax.optimizers.muon import muon
+from spectral_optax import diagnostics, lab
+from spectral_optax.diagnostics import (
+    alignment,
+    coord_check,
+    relative_change,
+    relative_weight_change,
+    spectral_norm,
+    stable_rank,
+)
