@@ -48,8 +48,10 @@ class EmaMomentumState(NamedTuple):
 
 def _ema_momentum(beta, *, nesterov: bool, mu_dtype) -> optax.GradientTransformation:
     """``mu <- beta mu + (1 - beta) g``; emits ``mu`` (or, with Nesterov,
-    ``beta mu + (1 - beta) g``). No bias correction: every MOGA dual is
-    scale-invariant, so it would not change the step."""
+    ``beta mu + (1 - beta) g``), computed in float32 or wider. No bias
+    correction: every MOGA dual is scale-invariant, so without Nesterov it
+    would not change the step (with Nesterov this is the Muon convention)."""
+
     def init_fn(params):
         return EmaMomentumState(
             mu=jax.tree.map(lambda p: jnp.zeros_like(p, dtype=mu_dtype or p.dtype), params)
@@ -57,13 +59,9 @@ def _ema_momentum(beta, *, nesterov: bool, mu_dtype) -> optax.GradientTransforma
 
     def update_fn(updates, state, params=None):
         del params
-        mu = jax.tree.map(
-            lambda g, m: (beta * m.astype(jnp.float32) + (1 - beta) * g.astype(jnp.float32)), updates, state.mu
-        )
-        if nesterov:
-            out = jax.tree.map(lambda g, m: beta * m + (1 - beta) * g.astype(jnp.float32), updates, mu)
-        else:
-            out = mu
+        wide = lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        mu = jax.tree.map(lambda g, m: beta * wide(m) + (1 - beta) * wide(g), updates, state.mu)
+        out = jax.tree.map(lambda g, m: beta * m + (1 - beta) * wide(g), updates, mu) if nesterov else mu
         out = jax.tree.map(lambda o, g: o.astype(g.dtype), out, updates)
         mu = jax.tree.map(lambda m, old: m.astype(old.dtype), mu, state.mu)
         return out, EmaMomentumState(mu=mu)
