@@ -1,0 +1,211 @@
+"""Depth transfer: does the best learning rate stay put as a residual MLP gets deeper?
+
+Residual MLPs ``h_{k+1} = h_k + alpha * f_k(h_k)`` (``f_k`` = Dense -> ReLU ->
+Dense at fixed width, input/output projections outside the stack;
+``spectral_optax.nn.linen.ResidualMLP``) at depths K, trained over an LR grid
+with each optimizer twice: with ``alpha = 2 / K`` (inverse-depth scaling) and
+with ``alpha = 1`` (unscaled). The best LR per depth and its spread in grid
+steps come from ``spectral_optax.lab`` (vmapped sweeps, resumable JSONL).
+
+    python -m benchmarks.depth_transfer [--quick] [--json PATH] [--out DIR]
+        [--data text|digits|cifar10:DIR] [--optimizers adamw,muon,moga1.5,moga2,moga2.5]
+
+Default task: the lab's byte-level next-byte prediction on the embedded pydoc
+text (context 8). Figures: ``OUT/depth_<optimizer>.png``, the unscaled and
+the scaled sweep side by side (loss vs LR, one curve per depth).
+
+Public API only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import optax
+
+import spectral_optax as so
+from spectral_optax import lab
+from spectral_optax.nn.linen import ResidualMLP
+
+def _optimizers():
+    """name -> (factory lr -> GradientTransformation, LR-grid center), most important first.
+
+    Defaults of each optimizer (no weight decay); MOGA's row rule gives the
+    same entry size for every p at this width, so one grid center serves all.
+    """
+    moga = lambda p: lambda lr: so.moga(lr, p=p)  # noqa: E731
+    opts = {}
+    if hasattr(so, "muon"):
+        opts["muon"] = (lambda lr: so.muon(lr), 4e-2)
+    if hasattr(so, "moga"):
+        opts["moga2"] = (moga(2.0), 4e-3)
+    opts["adamw"] = (lambda lr: optax.adamw(lr, weight_decay=0.0), 4e-3)
+    if hasattr(so, "moga"):
+        opts["moga1.5"] = (moga(1.5), 4e-3)
+        opts["moga2.5"] = (moga(2.5), 4e-3)
+    return opts
+
+
+PRESETS = {
+    # depths, LR-grid points, steps, batch, width
+    "default": dict(depths=(2, 4, 8, 16, 32, 64), num_lrs=10, steps=200, batch_size=64, width=64),
+    "quick": dict(depths=(2, 8, 32), num_lrs=6, steps=100, batch_size=64, width=64),
+}
+
+
+def family(data, width: int, scaled: bool):
+    example_x, _ = data.numpy_batch("train", [0])
+    vocab = 256 if data.kind == "bytes" else None
+
+    def make(depth: int):
+        module = ResidualMLP(
+            features=width, num_blocks=depth, out_features=data.num_outputs,
+            alpha=None if scaled else 1.0, vocab_size=vocab,
+        )
+        return lab.Model.from_linen(module, example_x, "xent")
+
+    return make
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small preset (< 3 minutes on 2 CPU cores)")
+    p.add_argument("--json", default=None, help="write the results as JSON to this path")
+    p.add_argument("--out", default="out", help="directory for figures and the results JSONL")
+    p.add_argument("--data", default="text", help="lab data spec: text | digits | cifar10:DIR")
+    p.add_argument("--optimizers", default=None,
+                   help="comma-separated subset of adamw,muon,moga1.5,moga2,moga2.5")
+    p.add_argument("--depths", default=None, help="comma-separated depths (overrides the preset)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--seeds", type=int, default=1)
+    args = p.parse_args(argv)
+
+    cfg = dict(PRESETS["quick" if args.quick else "default"])
+    if args.depths:
+        cfg["depths"] = tuple(int(d) for d in args.depths.split(","))
+    if args.steps:
+        cfg["steps"] = args.steps
+    opts = _optimizers()
+    if args.optimizers:
+        wanted = args.optimizers.split(",")
+        missing = [w for w in wanted if w not in opts]
+        if missing:
+            raise SystemExit(f"unknown or unavailable optimizers {missing}; have {list(opts)}")
+        opts = {k: opts[k] for k in wanted}
+    elif args.quick:
+        opts = {k: v for k, v in opts.items() if k in ("muon", "moga2")}
+
+    data = lab.load(args.data, context=8)
+    os.makedirs(args.out, exist_ok=True)
+    preset = "quick" if args.quick else "default"
+    results_path = os.path.join(args.out, f"depth_transfer_{preset}.jsonl")
+    t0 = time.time()
+    results, summary = {}, {}
+    for name, (factory, center) in opts.items():
+        grid = lab.lr_grid(center, cfg["num_lrs"])
+        for form in ("unscaled", "scaled"):
+            key = f"{name}/{form}"
+            res = lab.sweep(
+                family(data, cfg["width"], scaled=form == "scaled"),
+                factory,
+                sizes=cfg["depths"],
+                lrs=grid,
+                data=data,
+                steps=cfg["steps"],
+                batch_size=cfg["batch_size"],
+                seeds=list(range(args.seeds)),
+                results=results_path,
+                name=key,
+                size_name="depth",
+                progress=False,
+            )
+            results[key] = res
+            s = res.summary()
+            summary[key] = s
+            best = ", ".join(f"K={k}: {v:.3g}" for k, v in s["best_lr"].items())
+            print(f"[{time.time() - t0:6.0f}s] {key:18s} spread {s['spread_steps']:.2f} steps; "
+                  f"best LR {best}; at edge {s['at_edge']}; diverged {s['diverged']}", flush=True)
+        _figure(name, results[f"{name}/unscaled"], results[f"{name}/scaled"],
+                os.path.join(args.out, f"depth_{name}.png"))
+
+    table = _table(summary, cfg["depths"])
+    print(table)
+    payload = {
+        "benchmark": "depth_transfer",
+        "preset": preset,
+        "config": dict(cfg, data=data.name, optimizers=list(opts), seeds=args.seeds,
+                       lr_centers={k: v[1] for k, v in opts.items()}, base_blocks=2),
+        "runs": [r for res in results.values() for r in res.runs],
+        "summary": summary,
+        "table": table,
+        "wall_s": time.time() - t0,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(_jsonable(payload), f, indent=1)
+        print(f"wrote {args.json}")
+    return payload
+
+
+def _figure(name, unscaled, scaled, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2), sharey=True)
+    for ax, res, label in ((axes[0], unscaled, "unscaled: h + f(h)"),
+                           (axes[1], scaled, "scaled: h + (2/K) f(h)")):
+        s = res.summary()
+        lab.plot_sweep(res, ax=ax, title=f"{name}, {label}\nspread {s['spread_steps']:.2f} steps")
+    # A common y-range that shows the optima (diverged / huge losses are clipped).
+    finite = [r["train_loss"] for res in (unscaled, scaled) for r in res.runs
+              if r.get("train_loss") is not None and np.isfinite(r["train_loss"])]
+    if finite:
+        lo = min(finite)
+        axes[0].set_ylim(lo - 0.05 * abs(lo), lo + max(1.5, 0.6 * abs(lo)))
+    fig.tight_layout()
+    lab.savefig(fig, path)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def _table(summary, depths):
+    head = "| optimizer | form | " + " | ".join(f"K={k}" for k in depths) + " | spread (grid steps) |"
+    sep = "|" + "---|" * (len(depths) + 3)
+    rows = [head, sep]
+    for key, s in summary.items():
+        name, form = key.split("/")
+        cells = []
+        for k in depths:
+            lr = s["best_lr"].get(k)
+            mark = "*" if k in s["at_edge"] else ""
+            cells.append("diverged" if lr is None or not np.isfinite(lr) else f"{lr:.3g}{mark}")
+        rows.append(f"| {name} | {form} | " + " | ".join(cells) + f" | {s['spread_steps']:.2f} |")
+    rows.append("(* = best LR at the edge of the grid)")
+    return "\n".join(rows)
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if np.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    return x
+
+
+if __name__ == "__main__":
+    main()
