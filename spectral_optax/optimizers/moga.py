@@ -187,7 +187,9 @@ def moga(
     Returns:
       An ``optax.GradientTransformation``; works with
       ``optax.inject_hyperparams`` (pass ``static_args=('p',)`` to keep the
-      fast static-exponent path for non-integer ``p``).
+      fast static-exponent path for half-integer ``p``; pass the geometry as
+      a ``GeometryMap`` or dict, not a live ``nnx.Module``, which
+      ``inject_hyperparams`` would take for a schedule because it is callable).
 
     References:
       Wong, Xu, Li, Lu (2026); REFERENCE.md section 3.
