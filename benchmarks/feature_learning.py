@@ -92,7 +92,7 @@ def train_width(n, x, y, steps, seeds, eta=ETA, log_every=100):
     return {k: np.asarray(v, float) for k, v in jax.device_get(out).items()}  # (seeds, 2, ...)
 
 
-def plot(widths, table, curves, path):
+def plot(widths, table, curves, path, steps):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,9 +118,11 @@ def plot(widths, table, curves, path):
     for k, n in enumerate(widths):
         c = cmap(k / max(1, len(widths) - 1) * 0.9)
         for p, ls in (("muP", "-"), ("NTP", "--")):
-            ax.plot(curves[p][k], ls, color=c, lw=1, label=f"{p} n={n}" if p == "muP" else None)
+            y = np.asarray(curves[p][k])
+            x = (np.arange(len(y)) + 1) * steps / len(y)
+            ax.plot(x, y, ls, color=c, lw=1, label=f"n={n}" if p == "muP" else None)
     ax.set_yscale("log")
-    ax.set_xlabel("step / log interval")
+    ax.set_xlabel("step")
     ax.set_title("train loss (solid muP, dashed NTP)", fontsize=9)
     ax.legend(fontsize=5, frameon=False, ncol=2)
     fig.tight_layout()
@@ -184,7 +186,7 @@ def main(argv=None):
     }
     print("targets:", checks)
     fig = os.path.join(args.out, "feature_learning.png")
-    plot(widths, table, curves, fig)
+    plot(widths, table, curves, fig, steps)
     print(f"figure: {fig}   ({elapsed:.1f} s)")
     _common.write_json(args.json, {
         "benchmark": "feature_learning", "quick": args.quick, "steps": steps, "lr": ETA,
