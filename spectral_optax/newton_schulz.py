@@ -54,6 +54,7 @@ __all__ = [
     "POLAR_EXPRESS_SAFETY",
     "newton_schulz",
     "newton_schulz_flops",
+    "newton_schulz_method",
     "optimal_quintic",
     "polar_express_coefficients",
     "resolve_coefficients",
@@ -286,20 +287,24 @@ def _gram(x, table, wide: bool, precision):
     return _dot(q, x, 2, 1, precision) if wide else _dot(x, q, 2, 1, precision)
 
 
-def _use_gram(method: str, m: int, n: int, steps: int, dtype) -> bool:
-    if method == "standard":
-        return False
-    if method == "gram":
-        return True
-    # 'auto': the Gram variant only in >= float32 (it has no self-correction
-    # through X, so low precision errors accumulate) and only where it saves
-    # at least ~25% of the flops.
+def newton_schulz_method(m: int, n: int, steps: int, dtype=jnp.float32, method: str = "auto") -> str:
+    """The variant :func:`newton_schulz` runs for an ``m x n`` matrix: ``'standard'`` or ``'gram'``.
+
+    ``'auto'`` picks the Gram-space variant only in >= 32-bit compute (it has
+    no self-correction through ``X``, so low-precision round-off accumulates;
+    in bfloat16 it is unstable) and only where it saves at least 25% of the
+    flops (:func:`newton_schulz_flops`).
+    """
+    if method in ("standard", "gram"):
+        return method
     if jnp.dtype(dtype).itemsize < 4:
-        return False
-    short, long_ = min(m, n), max(m, n)
-    return newton_schulz_flops(short, long_, steps, "gram") <= 0.75 * newton_schulz_flops(
-        short, long_, steps, "standard"
-    )
+        return "standard"
+    gram = newton_schulz_flops(m, n, steps, "gram")
+    return "gram" if gram <= 0.75 * newton_schulz_flops(m, n, steps, "standard") else "standard"
+
+
+def _use_gram(method: str, m: int, n: int, steps: int, dtype) -> bool:
+    return newton_schulz_method(m, n, steps, dtype, method) == "gram"
 
 
 def newton_schulz_flops(m: int, n: int, steps: int, method: str = "standard") -> int:

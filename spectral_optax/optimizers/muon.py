@@ -71,8 +71,9 @@ def _ema_momentum(beta, nesterov: bool, mu_dtype) -> optax.GradientTransformatio
     def update_fn(updates, state, params=None):
         del params
 
-        def ema(m, g):
-            return (beta * m.astype(jnp.float32) + (1 - beta) * g.astype(jnp.float32))
+        def ema(m, g):  # in float32 (or wider) whatever the storage dtype
+            dtype = jnp.promote_types(g.dtype, jnp.float32)
+            return beta * m.astype(dtype) + (1 - beta) * g.astype(dtype)
 
         mu32 = jax.tree.map(ema, state.mu, updates)
         if nesterov:
@@ -253,7 +254,11 @@ def muon(
             transforms[lab] = optax.chain(
                 _ema_momentum(beta, nesterov, mu_dtype),
                 direction,
-                optax.add_decayed_weights(weight_decay) if decay else optax.identity(),
+                # A literal 0 skips the pass (an injected hyperparameter is an
+                # array: then the structure must not depend on its value).
+                optax.identity()
+                if not decay or (isinstance(weight_decay, (int, float)) and weight_decay == 0)
+                else optax.add_decayed_weights(weight_decay),
                 optax.scale_by_learning_rate(learning_rate),
             )
         return optax.partition(transforms, labels)

@@ -1,0 +1,307 @@
+"""Optimizer step speed: optax.adamw, optax.contrib.muon and spectral_optax.muon (and moga).
+
+    python -m benchmarks.optimizer_speed [--quick] [--json PATH] [--reps N]
+
+For two trees of hidden kernels (GPT-2 small: d=768, 12 blocks of qkv
+768x2304, proj 768x768, fc 768x3072, fc2 3072x768; and an 8-block d=512
+tree of the same layout) it measures, in one process:
+
+* the jitted update-step time of each optimizer: median of ``--reps`` (>= 7)
+  interleaved runs after warm-up (the order rotates every round), and the
+  ratios against optax.contrib.muon and optax.adamw. Both Muons run the same
+  5 quintic steps (3.4445, -4.7750, 2.0315) with the same scale convention
+  ``sqrt(max(1, d_out/d_in))``; ``spectral_optax.muon[standard]`` disables
+  the Gram-space variant (batching only), to show where the time goes;
+* the achieved GFLOP/s of spectral_optax's orthogonalization alone (flops of
+  the iteration it actually runs, and the standard-iteration-equivalent
+  flops) against a plain float32 matmul timed in the same rounds;
+* a quality table: singular values of ``newton_schulz`` (quintic, Polar
+  Express; float32, bfloat16) against a float64 SVD for condition numbers 1
+  to 1e4, square / wide / tall;
+* the orthogonality of both Muons' orthogonal factors on the same gradients:
+  singular values (float64 NumPy SVD) of ``update / (lr * scale)`` for the
+  four matrices of block 0, max ``|sigma - 1|`` (plus Polar Express rows).
+
+Only ratios measured in the same process are meaningful on a shared machine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import spectral_optax as so
+from benchmarks._common import environment, parser, write_json
+
+_ns = importlib.import_module("spectral_optax.newton_schulz")  # flop model (module-level helpers)
+
+LR = 1e-3
+STEPS = 5
+
+
+def kernel_tree(d: int, blocks: int):
+    shapes = {"qkv": (d, 3 * d), "proj": (d, d), "fc": (d, 4 * d), "fc2": (4 * d, d)}
+    return {
+        f"block_{i}": {name: {"kernel": jax.ShapeDtypeStruct(s, jnp.float32)} for name, s in shapes.items()}
+        for i in range(blocks)
+    }
+
+
+def materialize(tree, seed):
+    leaves, treedef = jax.tree.flatten(tree)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(
+        treedef, [jax.random.normal(k, x.shape, x.dtype) * 0.02 for k, x in zip(keys, leaves)]
+    )
+
+
+def optimizers():
+    opts = {
+        "optax.adamw": optax.adamw(LR),
+        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
+        "spectral_optax.muon": so.muon(LR, scale="muon", ns_coefficients="quintic", ns_steps=STEPS),
+        "spectral_optax.muon[standard]": so.muon(
+            LR, scale="muon", ns_coefficients="quintic", ns_steps=STEPS, ns_method="standard"
+        ),
+    }
+    if hasattr(so, "moga"):
+        for p in (1.5, 2.0, 2.5):
+            opts[f"spectral_optax.moga(p={p})"] = so.moga(LR, p)
+    return opts
+
+
+def _time(fn, *args):
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - t
+
+
+def orthogonalization_flops(tree):
+    """(actual, standard-equivalent) matmul flops of one orthogonalization of every leaf."""
+    actual = equivalent = 0
+    for leaf in jax.tree.leaves(tree):
+        m, n = leaf.shape
+        method = _ns.newton_schulz_method(m, n, STEPS, jnp.float32)
+        actual += _ns.newton_schulz_flops(m, n, STEPS, method)
+        equivalent += _ns.newton_schulz_flops(m, n, STEPS, "standard")
+    return actual, equivalent
+
+
+def orthogonality(params, grads):
+    """max |sigma - 1| of the orthogonal factors for block 0's four matrices."""
+    block = {"block_0": grads["block_0"]}
+    pblock = {"block_0": params["block_0"]}
+    bases = {
+        k: np.linalg.svd(np.asarray(v["kernel"], np.float64), full_matrices=False)
+        for k, v in grads["block_0"].items()
+    }
+    out = {}
+    for name, tx in (
+        ("optax.contrib.muon", optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS)),
+        ("spectral_optax.muon", so.muon(LR, scale="muon", ns_steps=STEPS)),
+        ("spectral_optax.muon[polar_express, 5 steps]", so.muon(LR, scale="muon", ns_coefficients="polar_express", ns_steps=5)),
+        ("spectral_optax.muon[polar_express, 8 steps]", so.muon(LR, scale="muon", ns_coefficients="polar_express", ns_steps=8)),
+    ):
+        u, _ = jax.jit(tx.update)(block, tx.init(pblock), pblock)
+        per_leaf = {}
+        for leaf_name, leaf in u["block_0"].items():
+            w = np.asarray(leaf["kernel"], np.float64)
+            d_in, d_out = w.shape
+            factor = -w / (LR * math.sqrt(max(1.0, d_out / d_in)))
+            s = np.linalg.svd(factor, compute_uv=False)
+            # The factor's values on the gradient's own singular directions,
+            # d_i = u_i^T F v_i, restricted to gradient singular values above
+            # 1e-2 of the largest (tiny directions cannot be resolved by any
+            # 5-step quintic; random square matrices have some).
+            gu, gs, gvt = bases[leaf_name]
+            d = np.einsum("ij,ik,kj->j", gu, factor, gvt.T)
+            keep = gs >= 1e-2 * gs[0]
+            per_leaf[leaf_name] = {
+                "min": float(s.min()),
+                "max": float(s.max()),
+                "max_abs_dev": float(np.max(np.abs(s - 1))),
+                "max_abs_dev_above_1e-2": float(np.max(np.abs(d[keep] - 1))),
+            }
+        out[name] = {
+            "max_abs_sigma_minus_1": max(v["max_abs_dev"] for v in per_leaf.values()),
+            "max_abs_sigma_minus_1_above_1e-2": max(v["max_abs_dev_above_1e-2"] for v in per_leaf.values()),
+            "per_leaf": per_leaf,
+        }
+    return out
+
+
+def _conditioned(rng, m, n, cond):
+    k = min(m, n)
+    u, _ = np.linalg.qr(rng.normal(size=(m, k)))
+    v, _ = np.linalg.qr(rng.normal(size=(n, k)))
+    return (u * np.logspace(0, -math.log10(cond), k)) @ v.T
+
+
+def quality_table(size=256):
+    """Range of the orthogonal factor's singular values (float64 SVD reference).
+
+    For random ``G = U S V^T`` with log-spaced singular values (condition
+    number 1 to 1e4), square / wide / tall, the values ``d_i = u_i^T NS(G) v_i``
+    over the singular values ``s_i >= 1e-2 s_max``; ``resid`` is the largest
+    ``||U_k^T NS(G) V_k - diag(d_k)||_2`` (mixing of directions).
+    """
+    rng = np.random.default_rng(0)
+    shapes = {"square": (size, size), "wide": (size // 2, 2 * size), "tall": (2 * size, size // 2)}
+    configs = [
+        ("quintic, 5 steps", "quintic", 5, "float32"),
+        ("quintic, 5 steps", "quintic", 5, "bfloat16"),
+        ("polar_express, 5 steps", "polar_express", 5, "float32"),
+        ("polar_express, 8 steps", "polar_express", 8, "float32"),
+        ("polar_express, 8 steps", "polar_express", 8, "bfloat16"),
+    ]
+    mats = {(sh, c): _conditioned(rng, *shapes[sh], c) for sh in shapes for c in (1.0, 1e2, 1e4)}
+    rows = []
+    for label, coef, steps, dtype in configs:
+        lo, hi, resid = np.inf, -np.inf, 0.0
+        for (sh, c), g in mats.items():
+            y = so.newton_schulz(jnp.asarray(g, dtype), coef, steps=steps, compute_dtype=dtype)
+            y = np.asarray(y.astype(jnp.float32), np.float64)
+            u, s, vt = np.linalg.svd(g, full_matrices=False)
+            proj = u.T @ y @ vt.T
+            k = int(np.sum(s >= 1e-2 * s[0]))
+            d = np.diag(proj)[:k]
+            lo, hi = min(lo, d.min()), max(hi, d.max())
+            resid = max(resid, np.linalg.norm(proj[:k, :k] - np.diag(d), ord=2))
+        rows.append({"schedule": label, "dtype": dtype, "min": lo, "max": hi, "max_abs_dev": max(1 - lo, hi - 1), "resid": resid})
+    print(f"\n== orthogonality (sizes {list(shapes.values())}, cond 1/1e2/1e4, sigma >= 1e-2 max) ==")
+    print(f"  {'schedule':<24} {'dtype':<9} {'min':>7} {'max':>7} {'max|d-1|':>9} {'resid':>7}")
+    for r in rows:
+        print(f"  {r['schedule']:<24} {r['dtype']:<9} {r['min']:>7.4f} {r['max']:>7.4f} {r['max_abs_dev']:>9.4f} {r['resid']:>7.4f}")
+    return rows
+
+
+def run_tree(label, d, blocks, reps):
+    print(f"\n== {label}: d={d}, {blocks} blocks ==", flush=True)
+    shapes = kernel_tree(d, blocks)
+    params = materialize(shapes, 0)
+    grads = materialize(shapes, 1)
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+
+    fns = {}
+    for name, tx in optimizers().items():
+        state = tx.init(params)
+        step = jax.jit(tx.update)
+        t0 = time.perf_counter()
+        jax.block_until_ready(step(grads, state, params))  # compile + first run
+        compile_s = time.perf_counter() - t0
+        jax.block_until_ready(step(grads, state, params))  # warm-up
+        fns[name] = (step, state, compile_s)
+        print(f"  compiled {name} ({compile_s:.1f} s)", flush=True)
+
+    ortho = so.orthogonalize_via_newton_schulz(scale="muon", coefficients="quintic", steps=STEPS)
+    ortho_fn = jax.jit(lambda g: ortho.update(g, ortho.init(g))[0])
+    jax.block_until_ready(ortho_fn(grads))
+    a = jax.random.normal(jax.random.key(2), (2048, 2048), jnp.float32)
+    b = jax.random.normal(jax.random.key(3), (2048, 2048), jnp.float32)
+    matmul = jax.jit(jnp.matmul)
+    jax.block_until_ready(matmul(a, b))
+
+    names = list(fns)
+    times = {n: [] for n in names}
+    ortho_t, matmul_t = [], []
+    for r in range(reps):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for n in order:
+            step, state, _ = fns[n]
+            times[n].append(_time(step, grads, state, params))
+        ortho_t.append(_time(ortho_fn, grads))
+        matmul_t.append(_time(matmul, a, b))
+        print(f"  round {r + 1}/{reps}: " + ", ".join(f"{n}={times[n][-1]:.3f}s" for n in names), flush=True)
+
+    med = {n: float(np.median(v)) for n, v in times.items()}
+    actual, equivalent = orthogonalization_flops(shapes)
+    ortho_med, matmul_med = float(np.median(ortho_t)), float(np.median(matmul_t))
+    matmul_gflops = 2 * 2048**3 / matmul_med / 1e9
+    throughput = {
+        "orthogonalization_s": ortho_med,
+        "orthogonalization_flops": actual,
+        "standard_equivalent_flops": equivalent,
+        "achieved_gflops": actual / ortho_med / 1e9,
+        "standard_equivalent_gflops": equivalent / ortho_med / 1e9,
+        "plain_matmul_2048_gflops": matmul_gflops,
+        "achieved_fraction_of_matmul": actual / ortho_med / 1e9 / matmul_gflops,
+    }
+    result = {
+        "d": d,
+        "blocks": blocks,
+        "num_params": int(n_params),
+        "reps": reps,
+        "median_step_s": med,
+        "all_step_s": times,
+        "compile_s": {n: fns[n][2] for n in names},
+        "ratio_to_contrib_muon": {n: med[n] / med["optax.contrib.muon"] for n in names},
+        "ratio_to_adamw": {n: med[n] / med["optax.adamw"] for n in names},
+        "throughput": throughput,
+        "orthogonality": orthogonality(params, grads),
+    }
+    print(f"  {'optimizer':<34} {'median step (s)':>15} {'/ contrib.muon':>14} {'/ adamw':>8}")
+    for n in names:
+        print(f"  {n:<34} {med[n]:>15.4f} {result['ratio_to_contrib_muon'][n]:>14.3f} {result['ratio_to_adamw'][n]:>8.2f}")
+    print(
+        f"  orthogonalization: {throughput['achieved_gflops']:.1f} GFLOP/s achieved "
+        f"({throughput['standard_equivalent_gflops']:.1f} standard-equivalent), plain 2048^3 matmul "
+        f"{matmul_gflops:.1f} GFLOP/s -> {100 * throughput['achieved_fraction_of_matmul']:.0f}%"
+    )
+    for n, o in result["orthogonality"].items():
+        print(
+            f"  max |sigma - 1| {n}: {o['max_abs_sigma_minus_1']:.4f} (all), "
+            f"{o['max_abs_sigma_minus_1_above_1e-2']:.4f} (gradient sigma >= 1e-2 max)"
+        )
+    return result
+
+
+def main(argv=None):
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=None, help="timed rounds (default 7; 3 with --quick)")
+    args = p.parse_args(argv)
+    reps = args.reps or (3 if args.quick else 7)
+    if args.quick:
+        trees = [("small (quick)", 256, 4), ("tiny (quick)", 128, 4)]
+    else:
+        trees = [("gpt2_small", 768, 12), ("d512_8blocks", 512, 8)]
+    payload = {
+        "command": "python -m benchmarks.optimizer_speed" + (" --quick" if args.quick else ""),
+        "environment": environment(),
+        "ns_steps": STEPS,
+        "ns_coefficients": list(so.MUON_QUINTIC),
+        "trees": {},
+    }
+    payload["quality"] = quality_table(128 if args.quick else 256)
+    for label, d, blocks in trees:
+        payload["trees"][label] = run_tree(label, d, blocks, reps)
+    targets = {}
+    for label, res in payload["trees"].items():
+        t = {
+            "ours_over_contrib": res["ratio_to_contrib_muon"]["spectral_optax.muon"],
+            "ours_over_contrib_target": 0.67,
+            "matmul_fraction": res["throughput"]["achieved_fraction_of_matmul"],
+            "matmul_fraction_target": 0.8,
+            "orthogonality_ours": res["orthogonality"]["spectral_optax.muon"]["max_abs_sigma_minus_1"],
+            "orthogonality_contrib": res["orthogonality"]["optax.contrib.muon"]["max_abs_sigma_minus_1"],
+            "orthogonality_ours_above_1e-2": res["orthogonality"]["spectral_optax.muon"]["max_abs_sigma_minus_1_above_1e-2"],
+            "orthogonality_contrib_above_1e-2": res["orthogonality"]["optax.contrib.muon"]["max_abs_sigma_minus_1_above_1e-2"],
+        }
+        moga = {n: r for n, r in res["ratio_to_adamw"].items() if "moga" in n}
+        if moga:
+            t["moga_over_adamw"] = moga
+            t["moga_over_adamw_target"] = 1.5
+        targets[label] = t
+    payload["targets"] = targets
+    print("\ntargets:", targets)
+    write_json(args.json, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
