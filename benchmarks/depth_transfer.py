@@ -132,6 +132,7 @@ def main(argv=None):
         _figure(name, results[f"{name}/unscaled"], results[f"{name}/scaled"],
                 os.path.join(args.out, f"depth_{name}.png"))
 
+    _best_lr_figure(summary, os.path.join(args.out, "depth_best_lr.png"))
     table = _table(summary, cfg["depths"])
     print(table)
     payload = {
@@ -169,7 +170,44 @@ def _figure(name, unscaled, scaled, path):
               if r.get("train_loss") is not None and np.isfinite(r["train_loss"])]
     if finite:
         lo = min(finite)
-        axes[0].set_ylim(lo - 0.05 * abs(lo), lo + max(1.5, 0.6 * abs(lo)))
+        # Show every depth's optimum (the unscaled deep ones sit high), clip the divergence.
+        best = [v for res in (unscaled, scaled) for v in res.summary()["loss_at_best"].values()
+                if np.isfinite(v)]
+        hi = max(lo + 1.5, min(max(best) + 0.4, lo + 6.0))
+        axes[0].set_ylim(lo - 0.05 * abs(lo), hi)
+    fig.tight_layout()
+    lab.savefig(fig, path)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def _best_lr_figure(summary, path):
+    """Best LR vs depth, every optimizer: scaled (solid) vs unscaled (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(k.split("/")[0] for k in summary))
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    colors = plt.get_cmap("tab10")
+    for i, name in enumerate(names):
+        for form, style in (("scaled", "-"), ("unscaled", "--")):
+            s = summary.get(f"{name}/{form}")
+            if not s:
+                continue
+            ks = sorted(s["best_lr"])
+            lrs = [s["best_lr"][k] for k in ks]
+            ax.plot(ks, lrs, style, marker="o", ms=3, color=colors(i),
+                    label=f"{name} {form} ({s['spread_steps']:.1f})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("depth K (blocks)")
+    ax.set_ylabel("best learning rate")
+    ax.set_title("best LR vs depth: alpha = 2/K (solid) vs 1 (dashed)\n(legend: spread in grid steps)",
+                 fontsize=9)
+    ax.grid(alpha=0.3, which="both", lw=0.4)
+    ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     lab.savefig(fig, path)
     plt.close(fig)
