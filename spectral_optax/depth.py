@@ -80,7 +80,6 @@ import jax.numpy as jnp
 import optax
 
 from spectral_optax.geometry import (
-    Geometry,
     GeometryError,
     GeometryLike,
     as_geometry_map,
