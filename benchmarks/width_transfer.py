@@ -26,7 +26,6 @@ REFERENCE.md section 2.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -74,8 +73,8 @@ def main(argv=None):
     widths = ([int(w) for w in args.widths.split(",")] if args.widths
               else [64, 128, 256, 512] if quick else [64, 128, 256, 512, 1024, 2048])
     num_lrs = args.num_lrs or (8 if quick else 10)
-    steps = args.steps or (150 if quick else 400)
-    batch_size = args.batch_size or (32 if quick else 64)
+    steps = args.steps or (150 if quick else 300)
+    batch_size = args.batch_size or 32
     seeds = list(range(args.seeds or 1))
     muon_max = args.muon_max_width or (256 if quick else 512)
 

@@ -487,9 +487,9 @@ class GeometryMap:
                 n_batch = len(k.batch_axes)
                 if k.batch_axes == tuple(range(n_batch)) and ndim == n_batch + len(k.fan_out_axes):
                     return Geometry(shape, "vector", (), tuple(range(n_batch, ndim)), role=role)
-            if _DENSE_NAME.match(parent) and ndim >= 2:
-                return Geometry(shape, "vector", (), (ndim - 1,), role=role)
-            return Geometry.vector(shape, role=role)
+            # A >= 2-D bias / norm scale without a kernel beside it: stacked
+            # copies (nn.scan, nnx.vmap) of a vector over its last axis.
+            return Geometry(shape, "vector", (), (ndim - 1,) if ndim else (), role=role)
         if ndim == 2:
             return Geometry.matrix(shape, role=role)
         if leaf == "kernel":

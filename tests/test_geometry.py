@@ -123,6 +123,9 @@ def test_linen_scan_stack_batch_axis():
     g2 = geoms({"blocks": {"Dense_0": {"kernel": jnp.ones((5, 16, 8)), "bias": jnp.ones((5, 8))}}})
     assert axes(g2["blocks/Dense_0/kernel"]) == ("matrix", (1,), (2,), (0,))
     assert axes(g2["blocks/Dense_0/bias"]) == ("vector", (), (1,), (0,))
+    # Stacked norm scales without a kernel beside them: one vector per layer.
+    g3 = geoms({"blocks": {"LayerNorm_0": {"scale": jnp.ones((5, 16))}}})
+    assert axes(g3["blocks/LayerNorm_0/scale"]) == ("vector", (), (1,), (0,))
 
 
 # ---------------------------------------------------------------- NNX models

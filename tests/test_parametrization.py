@@ -8,7 +8,7 @@ import pytest
 import flax.linen as nn
 
 import spectral_optax as so
-from spectral_optax import Geometry, GeometryError
+from spectral_optax import GeometryError
 
 
 def mlp_params(width, d_in=3072, d_out=1, bias=True):

@@ -31,35 +31,23 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from spectral_optax.initializers import spectral_embedding, spectral_normal
+
 __all__ = ["Model", "MLP", "kernel_init", "embed_init", "mlp_family", "loss_for"]
 
 INITS = ("spectral", "standard")
 
 
 # --------------------------------------------------------------------------
-# Initializers (the package's when available, a faithful fallback otherwise).
+# Initializers.
 # --------------------------------------------------------------------------
-def _fallback_spectral_normal(gain: float):
-    def init(key, shape, dtype=jnp.float32):
-        d_in, d_out = math.prod(shape[:-1]), shape[-1]
-        std = gain / math.sqrt(d_in) * min(1.0, math.sqrt(d_out / d_in))
-        return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-
-    return init
-
-
 def kernel_init(init: str = "spectral", gain: float = math.sqrt(2.0)):
     """Dense-kernel initializer for parametrization ``init``."""
     if init == "standard":
         return nn.initializers.lecun_normal()
     if init != "spectral":
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
-    try:
-        from spectral_optax.initializers import spectral_normal
-
-        return spectral_normal(gain=gain)
-    except ImportError:  # pragma: no cover - the package ships initializers
-        return _fallback_spectral_normal(gain)
+    return spectral_normal(gain=gain)
 
 
 def embed_init(init: str = "spectral"):
@@ -68,7 +56,7 @@ def embed_init(init: str = "spectral"):
         return nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
     if init != "spectral":
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
-    return nn.initializers.normal(1.0)
+    return spectral_embedding(std=1.0)
 
 
 # --------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from spectral_optax.duals.row_column import _check_p, _check_q, _static
+from spectral_optax.optimizers.common import decay_then_learning_rate
 from spectral_optax.geometry import (
     Geometry,
     GeometryLike,
@@ -96,20 +97,6 @@ def moga_labels(
     return label_by_geometry(label_fn, as_geometry_map(geometry))
 
 
-def _ndim_at_least_2(params):
-    return jax.tree.map(lambda x: jnp.ndim(x) >= 2, params)
-
-
-def _decay_and_lr(learning_rate, weight_decay, weight_decay_mask):
-    parts = []
-    # Skip only a literal 0 (under inject_hyperparams it is an array, and the
-    # chain's structure must not depend on its value).
-    if not (isinstance(weight_decay, (int, float)) and weight_decay == 0):
-        parts.append(optax.add_decayed_weights(weight_decay, weight_decay_mask))
-    parts.append(optax.scale_by_learning_rate(learning_rate))
-    return parts
-
-
 def moga(
     learning_rate: optax.ScalarOrSchedule,
     p: float = 2.0,
@@ -158,7 +145,7 @@ def moga(
     the head's at GPT-2-small width); ``momentum = 0.95`` EMA, no Nesterov
     (as published; ``nesterov=True`` gives Muon-style lookahead);
     ``weight_decay = 0`` (as ``optax.contrib.muon``; when set, decoupled and
-    applied to leaves with ``ndim >= 2``); ``q = p/(p-1)`` for the column
+    applied to matrices and embeddings, not to vectors, also when stacked); ``q = p/(p-1)`` for the column
     variant, so it raises ``|h|`` to the same power ``p - 1`` as the row
     variant and ``p = 1`` gives ``q = inf`` (both ``sign(G) / d_in``).
 
@@ -173,7 +160,9 @@ def moga(
       nesterov: use ``beta * mu + (1 - beta) * g`` as the normalized input.
       weight_decay: decoupled weight decay coefficient (multiplied by the LR).
       weight_decay_mask: optax mask (tree or callable); ``None`` (default):
-        leaves with ``ndim >= 2``.
+        matrices and embeddings (the published ">= 2-D" rule, decided by
+        geometry kind so that ``nn.scan``-stacked biases and norm scales,
+        which are 2-D, are spared too).
       rules: ``{regex: rule}`` per-path overrides (first match wins), rule one
         of ``MOGA_RULES`` or an ``optax.GradientTransformation`` producing the
         direction for those leaves (it gets the raw gradients; weight decay
@@ -218,8 +207,6 @@ def moga(
                 f"got {type(rule).__name__}"
             )
     gmap = as_geometry_map(geometry)
-    if weight_decay_mask is None:
-        weight_decay_mask = _ndim_at_least_2
     mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
     ema = lambda: _ema_momentum(momentum, nesterov=nesterov, mu_dtype=mu_dtype)
     transforms = {
@@ -235,7 +222,7 @@ def moga(
     labels = moga_labels(variant=variant, rules=rules, geometry=gmap)
     return optax.chain(
         optax.partition(transforms, labels),
-        *_decay_and_lr(learning_rate, weight_decay, weight_decay_mask),
+        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
     )
 
 
@@ -291,8 +278,8 @@ def rescaled_adamw(
     ``sign(G)``, whose (1,mean)->(inf,mean) norm is ``d_in``). ``p = q = 2``
     gives the spectral-condition factor ``sqrt(d_out / d_in)``.
     Other arguments are those of ``optax.adamw`` (weight decay is decoupled
-    and not rescaled; ``weight_decay_mask=None`` decays every leaf, as
-    ``optax.adamw``).
+    and not rescaled; ``weight_decay_mask=None`` spares vectors, as
+    :func:`spectral_optax.mup_adamw`).
 
     References:
       Yang et al. (2022), "Tensor Programs V"; Wong, Xu, Li, Lu (2026);
@@ -307,5 +294,5 @@ def rescaled_adamw(
     return optax.chain(
         optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
         _scale_by_fan_ratio(p, q, gmap),
-        *_decay_and_lr(learning_rate, weight_decay, weight_decay_mask),
+        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
     )

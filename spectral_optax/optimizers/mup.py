@@ -22,22 +22,12 @@ from typing import Any, Callable
 
 import optax
 
-from spectral_optax.geometry import GeometryLike, as_geometry_map, label_by_geometry
+from spectral_optax.geometry import GeometryLike, as_geometry_map
+from spectral_optax.optimizers.common import decay_then_learning_rate
 from spectral_optax.transforms.parametrization import scale_by_parametrization1
 from spectral_optax.transforms.spectral import scale_by_spectral_norm
 
 ScalarOrSchedule = float | Callable[[Any], Any]
-
-
-def decay_mask_sparing_vectors(geometry: GeometryLike = None) -> Callable[[Any], Any]:
-    """Weight-decay mask: ``True`` for matrices and embeddings, ``False`` for vectors."""
-    return label_by_geometry(lambda _path, g: g.kind != "vector", geometry)
-
-
-def _weight_decay(weight_decay, mask, gmap):
-    if mask is None:
-        mask = decay_mask_sparing_vectors(gmap)
-    return optax.add_decayed_weights(weight_decay, mask)
 
 
 def _momentum(momentum, nesterov):
@@ -82,8 +72,7 @@ def spectral_sgd(
     return optax.chain(
         _momentum(momentum, nesterov),
         scale_by_spectral_norm(method=method, power_iterations=power_iterations, geometry=gmap),
-        _weight_decay(weight_decay, weight_decay_mask, gmap),
-        optax.scale_by_learning_rate(learning_rate),
+        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
     )
 
 
@@ -120,8 +109,7 @@ def mup_sgd(
     return optax.chain(
         _momentum(momentum, nesterov),
         scale_by_parametrization1("sgd", base=base, geometry=gmap),
-        _weight_decay(weight_decay, weight_decay_mask, gmap),
-        optax.scale_by_learning_rate(learning_rate),
+        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
     )
 
 
@@ -159,6 +147,5 @@ def mup_adamw(
     return optax.chain(
         optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
         scale_by_parametrization1("adam", base=base, geometry=gmap),
-        _weight_decay(weight_decay, weight_decay_mask, gmap),
-        optax.scale_by_learning_rate(learning_rate),
+        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
     )
