@@ -61,3 +61,59 @@ def loglog_slope(xs, ys) -> float:
     if len(xs) < 2 or not np.all(np.isfinite(ys)) or np.any(ys <= 0):
         return float("nan")
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+def hidden_kernel_tree(d: int, blocks: int, seed: int | None = None, scale: float = 0.02):
+    """The hidden kernels of a GPT-2-style stack (qkv d x 3d, proj d x d, fc d x 4d,
+    fc2 4d x d per block): ``jax.ShapeDtypeStruct``s, or N(0, scale^2) arrays when
+    ``seed`` is given."""
+    import jax
+    import jax.numpy as jnp
+
+    shapes = {"qkv": (d, 3 * d), "proj": (d, d), "fc": (d, 4 * d), "fc2": (4 * d, d)}
+    tree = {
+        f"block_{i}": {name: {"kernel": jax.ShapeDtypeStruct(s, jnp.float32)} for name, s in shapes.items()}
+        for i in range(blocks)
+    }
+    if seed is None:
+        return tree
+    leaves, treedef = jax.tree.flatten(tree)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape, x.dtype) * scale for k, x in zip(keys, leaves)])
+
+
+def time_update_steps(optimizers: dict, params, grads, reps: int, extra: dict | None = None):
+    """Median jitted ``tx.update`` time per optimizer, interleaved in one process.
+
+    Every step is compiled and run twice first (compile + warm-up); then, for
+    ``reps`` rounds, each optimizer (and each zero-argument callable in
+    ``extra``) is timed once per round, the order rotating every round so
+    that slow drifts of a shared machine hit all of them alike.
+
+    Returns:
+      ``(median_s, all_s, compile_s)`` dicts keyed by name.
+    """
+    import jax
+
+    fns, compile_s = {}, {}
+    for name, tx in optimizers.items():
+        state = tx.init(params)
+        step = jax.jit(tx.update)
+        t0 = time.perf_counter()
+        jax.block_until_ready(step(grads, state, params))  # compile + first run
+        compile_s[name] = time.perf_counter() - t0
+        jax.block_until_ready(step(grads, state, params))  # warm-up
+        fns[name] = lambda step=step, state=state: step(grads, state, params)
+        print(f"  compiled {name} ({compile_s[name]:.1f} s)", flush=True)
+    for name, fn in (extra or {}).items():
+        jax.block_until_ready(fn())
+        fns[name] = fn
+    names = list(fns)
+    times = {n: [] for n in names}
+    for r in range(reps):
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            jax.block_until_ready(fns[n]())
+            times[n].append(time.perf_counter() - t0)
+        print(f"  round {r + 1}/{reps}: " + ", ".join(f"{n}={times[n][-1]:.3f}s" for n in names), flush=True)
+    return {n: float(np.median(v)) for n, v in times.items()}, times, compile_s

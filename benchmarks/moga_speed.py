@@ -14,26 +14,13 @@ meaningful on a shared machine. Public API only.
 
 from __future__ import annotations
 
-import time
-
 import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
 
 import spectral_optax as so
-from benchmarks._common import environment, parser, write_json
+from benchmarks._common import environment, hidden_kernel_tree, parser, time_update_steps, write_json
 
 TARGET = 1.5
-
-
-def kernel_tree(d: int, blocks: int, seed: int):
-    shapes = {"qkv": (d, 3 * d), "proj": (d, d), "fc": (d, 4 * d), "fc2": (4 * d, d)}
-    keys = iter(jax.random.split(jax.random.key(seed), 4 * blocks))
-    return {
-        f"block_{i}": {name: {"kernel": 0.02 * jax.random.normal(next(keys), s, jnp.float32)} for name, s in shapes.items()}
-        for i in range(blocks)
-    }
 
 
 def optimizers():
@@ -50,31 +37,11 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=7, help="timed rounds (>= 7 recommended)")
     args = ap.parse_args(argv)
     d, blocks = 768, (4 if args.quick else 12)
-    params, grads = kernel_tree(d, blocks, 0), kernel_tree(d, blocks, 1)
+    params, grads = hidden_kernel_tree(d, blocks, 0), hidden_kernel_tree(d, blocks, 1)
     n_params = sum(x.size for x in jax.tree.leaves(params))
     print(f"GPT-2-small hidden kernels: d={d}, {blocks} blocks, {n_params / 1e6:.1f}M parameters", flush=True)
-
-    steps = {}
-    for name, tx in optimizers().items():
-        state = tx.init(params)
-        step = jax.jit(tx.update)
-        t0 = time.perf_counter()
-        jax.block_until_ready(step(grads, state, params))
-        jax.block_until_ready(step(grads, state, params))  # warm-up
-        steps[name] = (step, state)
-        print(f"  compiled {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
-
-    names = list(steps)
-    times = {n: [] for n in names}
-    for r in range(args.reps):
-        for n in names[r % len(names):] + names[: r % len(names)]:
-            step, state = steps[n]
-            t0 = time.perf_counter()
-            jax.block_until_ready(step(grads, state, params))
-            times[n].append(time.perf_counter() - t0)
-        print(f"  round {r + 1}/{args.reps}: " + ", ".join(f"{n}={times[n][-1]:.3f}s" for n in names), flush=True)
-
-    med = {n: float(np.median(v)) for n, v in times.items()}
+    med, times, _ = time_update_steps(optimizers(), params, grads, args.reps)
+    names = list(med)
     ratio = {n: med[n] / med["optax.adamw"] for n in names}
     print(f"\n  {'optimizer':<26} {'median step (s)':>15} {'/ adamw':>8}")
     for n in names:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import time
 
 import jax
 import jax.numpy as jnp
@@ -37,28 +36,12 @@ import numpy as np
 import optax
 
 import spectral_optax as so
-from benchmarks._common import environment, parser, write_json
+from benchmarks._common import environment, hidden_kernel_tree, parser, time_update_steps, write_json
 
 _ns = importlib.import_module("spectral_optax.newton_schulz")  # flop model (module-level helpers)
 
 LR = 1e-3
 STEPS = 5
-
-
-def kernel_tree(d: int, blocks: int):
-    shapes = {"qkv": (d, 3 * d), "proj": (d, d), "fc": (d, 4 * d), "fc2": (4 * d, d)}
-    return {
-        f"block_{i}": {name: {"kernel": jax.ShapeDtypeStruct(s, jnp.float32)} for name, s in shapes.items()}
-        for i in range(blocks)
-    }
-
-
-def materialize(tree, seed):
-    leaves, treedef = jax.tree.flatten(tree)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree.unflatten(
-        treedef, [jax.random.normal(k, x.shape, x.dtype) * 0.02 for k, x in zip(keys, leaves)]
-    )
 
 
 def optimizers():
@@ -74,12 +57,6 @@ def optimizers():
         for p in (1.5, 2.0, 2.5):
             opts[f"spectral_optax.moga(p={p})"] = so.moga(LR, p)
     return opts
-
-
-def _time(fn, *args):
-    t = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - t
 
 
 def orthogonalization_flops(tree):
@@ -183,43 +160,22 @@ def quality_table(size=256):
 
 def run_tree(label, d, blocks, reps):
     print(f"\n== {label}: d={d}, {blocks} blocks ==", flush=True)
-    shapes = kernel_tree(d, blocks)
-    params = materialize(shapes, 0)
-    grads = materialize(shapes, 1)
+    shapes = hidden_kernel_tree(d, blocks)
+    params = hidden_kernel_tree(d, blocks, 0)
+    grads = hidden_kernel_tree(d, blocks, 1)
     n_params = sum(x.size for x in jax.tree.leaves(params))
-
-    fns = {}
-    for name, tx in optimizers().items():
-        state = tx.init(params)
-        step = jax.jit(tx.update)
-        t0 = time.perf_counter()
-        jax.block_until_ready(step(grads, state, params))  # compile + first run
-        compile_s = time.perf_counter() - t0
-        jax.block_until_ready(step(grads, state, params))  # warm-up
-        fns[name] = (step, state, compile_s)
-        print(f"  compiled {name} ({compile_s:.1f} s)", flush=True)
 
     ortho = so.orthogonalize_via_newton_schulz(scale="muon", coefficients="quintic", steps=STEPS)
     ortho_fn = jax.jit(lambda g: ortho.update(g, ortho.init(g))[0])
-    jax.block_until_ready(ortho_fn(grads))
     a = jax.random.normal(jax.random.key(2), (2048, 2048), jnp.float32)
     b = jax.random.normal(jax.random.key(3), (2048, 2048), jnp.float32)
     matmul = jax.jit(jnp.matmul)
-    jax.block_until_ready(matmul(a, b))
+    extra = {"orthogonalization": lambda: ortho_fn(grads), "matmul_2048": lambda: matmul(a, b)}
+    med, times, compile_s = time_update_steps(optimizers(), params, grads, reps, extra)
+    ortho_t, matmul_t = times.pop("orthogonalization"), times.pop("matmul_2048")
+    del med["orthogonalization"], med["matmul_2048"]
+    names = list(med)
 
-    names = list(fns)
-    times = {n: [] for n in names}
-    ortho_t, matmul_t = [], []
-    for r in range(reps):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for n in order:
-            step, state, _ = fns[n]
-            times[n].append(_time(step, grads, state, params))
-        ortho_t.append(_time(ortho_fn, grads))
-        matmul_t.append(_time(matmul, a, b))
-        print(f"  round {r + 1}/{reps}: " + ", ".join(f"{n}={times[n][-1]:.3f}s" for n in names), flush=True)
-
-    med = {n: float(np.median(v)) for n, v in times.items()}
     actual, equivalent = orthogonalization_flops(shapes)
     ortho_med, matmul_med = float(np.median(ortho_t)), float(np.median(matmul_t))
     matmul_gflops = 2 * 2048**3 / matmul_med / 1e9
@@ -239,7 +195,7 @@ def run_tree(label, d, blocks, reps):
         "reps": reps,
         "median_step_s": med,
         "all_step_s": times,
-        "compile_s": {n: fns[n][2] for n in names},
+        "compile_s": compile_s,
         "ratio_to_contrib_muon": {n: med[n] / med["optax.contrib.muon"] for n in names},
         "ratio_to_adamw": {n: med[n] / med["optax.adamw"] for n in names},
         "throughput": throughput,
