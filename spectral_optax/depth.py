@@ -109,14 +109,17 @@ OPTIMIZER_KINDS = ("scale_invariant", "sgd")
 MaskLike = Any  # str | Sequence[str] | Callable[[str, Geometry], bool] | Callable[[params], tree] | tree
 
 
-def residual_alpha(num_blocks: int, base_blocks: int = 2) -> float:
+def residual_alpha(num_blocks: int, base_blocks: int = 2, *, alpha: float | None = None) -> float:
     """The branch multiplier ``alpha = base_blocks / num_blocks``.
 
     Args:
       num_blocks: ``K``, the number of residual blocks of the network.
       base_blocks: ``K_base``, the depth at which ``alpha = 1`` (the depth the
         learning rate is tuned at; 2 in the paper's residual-MLP runs).
+      alpha: an explicit multiplier that wins when given (``1.0``: unscaled).
     """
+    if alpha is not None:
+        return float(alpha)
     if int(num_blocks) != num_blocks or num_blocks < 1:
         raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
     if base_blocks <= 0:

@@ -223,9 +223,7 @@ class ResidualMLP(nn.Module):
 
     @property
     def branch_alpha(self) -> float:
-        if self.alpha is not None:
-            return float(self.alpha)
-        return residual_alpha(self.num_blocks, self.base_blocks)
+        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha)
 
     @nn.compact
     def __call__(self, x):
@@ -276,9 +274,7 @@ class Transformer(nn.Module):
 
     @property
     def branch_alpha(self) -> float:
-        if self.alpha is not None:
-            return float(self.alpha)
-        return residual_alpha(self.num_blocks, self.base_blocks)
+        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha)
 
     @nn.compact
     def __call__(self, tokens):

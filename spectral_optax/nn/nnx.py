@@ -35,10 +35,6 @@ Initializer = Callable[..., Any]
 default_kernel_init = nnx.initializers.lecun_normal()
 
 
-def _alpha(alpha, num_blocks, base_blocks) -> float:
-    return float(alpha) if alpha is not None else residual_alpha(num_blocks, base_blocks)
-
-
 class ResidualMLPBlock(nnx.Module):
     """``h + multiplier * dense_1(relu(dense_0(h)))``; ``dense_1`` init times ``out_scale``."""
 
@@ -180,7 +176,7 @@ class ResidualMLP(nnx.Module):
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        a = _alpha(alpha, num_blocks, base_blocks)
+        a = residual_alpha(num_blocks, base_blocks, alpha=alpha)
         self.branch_alpha = a
         kw = dict(dtype=dtype, param_dtype=param_dtype)
         self.vocab_size = vocab_size
@@ -227,7 +223,7 @@ class Transformer(nnx.Module):
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        a = _alpha(alpha, num_blocks, base_blocks)
+        a = residual_alpha(num_blocks, base_blocks, alpha=alpha)
         self.branch_alpha = a
         kw = dict(dtype=dtype, param_dtype=param_dtype)
         self.embed = nnx.Embed(vocab_size, features, rngs=rngs, **kw)
