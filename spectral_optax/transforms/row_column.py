@@ -16,7 +16,8 @@ from __future__ import annotations
 import optax
 
 from spectral_optax.duals.row_column import _check_p, _check_q, column_normalize, row_normalize
-from spectral_optax.geometry import GeometryLike, as_geometry_map, from_matrix, map_with_geometry, to_matrix
+from spectral_optax.geometry import GeometryLike
+from spectral_optax.transforms.dual import dual_map_transform
 
 __all__ = ["scale_by_row_norm", "scale_by_col_norm", "scale_by_sign"]
 
@@ -56,16 +57,7 @@ def scale_by_row_norm(
       REFERENCE.md section 3; Wong, Xu, Li, Lu (2026).
     """
     _check_p(p)
-    gmap = as_geometry_map(geometry)
-
-    def leaf(geom, u):
-        return from_matrix(row_normalize(to_matrix(u, geom), p, fan_scaling=fan_scaling), geom)
-
-    def update_fn(updates, state, params=None):
-        del params
-        return map_with_geometry(leaf, gmap, updates), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+    return dual_map_transform(lambda m: row_normalize(m, p, fan_scaling=fan_scaling), geometry)
 
 
 def scale_by_col_norm(
@@ -95,16 +87,7 @@ def scale_by_col_norm(
       REFERENCE.md section 3; Wong, Xu, Li, Lu (2026).
     """
     _check_q(q)
-    gmap = as_geometry_map(geometry)
-
-    def leaf(geom, u):
-        return from_matrix(column_normalize(to_matrix(u, geom), q, fan_scaling=fan_scaling), geom)
-
-    def update_fn(updates, state, params=None):
-        del params
-        return map_with_geometry(leaf, gmap, updates), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+    return dual_map_transform(lambda m: column_normalize(m, q, fan_scaling=fan_scaling), geometry)
 
 
 def scale_by_sign() -> optax.GradientTransformation:

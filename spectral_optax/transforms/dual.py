@@ -1,0 +1,32 @@
+"""The one mechanism of a stateless dual-map transform.
+
+Every update leaf is read through its geometry as ``(num_slices, d_in,
+d_out)``, mapped by a dual map on that canonical view, and written back:
+
+    u <- from_matrix(dual(to_matrix(u, g)), g).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import optax
+
+from spectral_optax.geometry import GeometryLike, as_geometry_map, from_matrix, map_with_geometry, to_matrix
+
+
+def dual_map_transform(
+    dual: Callable[[jax.Array], jax.Array], geometry: GeometryLike = None
+) -> optax.GradientTransformation:
+    """A stateless ``GradientTransformation`` applying ``dual`` per leaf on the canonical view."""
+    gmap = as_geometry_map(geometry)
+
+    def leaf(g, u):
+        return from_matrix(dual(to_matrix(u, g)), g)
+
+    def update_fn(updates, state, params=None):
+        del params
+        return map_with_geometry(leaf, gmap, updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
