@@ -40,11 +40,9 @@ from spectral_optax.geometry import (
     GeometryLike,
     GeometryMap,
     as_geometry_map,
-    from_matrix,
-    map_with_geometry,
-    to_matrix,
 )
 from spectral_optax.newton_schulz import Coefficients
+from spectral_optax.transforms.dual import dual_map_transform
 from spectral_optax.transforms.orthogonalize import orthogonalize_via_newton_schulz
 
 ROUTES = ("muon", "adamw", "normalize")
@@ -87,16 +85,7 @@ def _ema_momentum(beta, nesterov: bool, mu_dtype) -> optax.GradientTransformatio
 
 def _normalize_fan_out(geometry: GeometryLike) -> optax.GradientTransformation:
     """Every fan-in index's fan-out vector scaled to RMS 1 (l1 -> RMS dual)."""
-
-    def update_fn(updates, state, params=None):
-        del params
-
-        def leaf(g: Geometry, u):
-            return from_matrix(normalize_fan_out_rms(to_matrix(u, g)), g).astype(u.dtype)
-
-        return map_with_geometry(leaf, geometry, updates), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+    return dual_map_transform(normalize_fan_out_rms, geometry)
 
 
 def _check_route(name, value):
