@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import _common
-from spectral_optax import diagnostics
+from spectral_optax import diagnostics, lab
 
 PARAMS = ("muP", "NTP", "SP")
 METRICS = ("h1", "h2", "out", "W2_spectral", "W2_frobenius")
@@ -117,8 +117,7 @@ def plot(widths, table, path):
     axes[0].legend(fontsize=8, frameon=False)
     fig.suptitle("one SGD step, loss -f, parametrizations coincide at n = 64", fontsize=9)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=80, bbox_inches="tight")
+    lab.savefig(fig, path, dpi=80)
     plt.close(fig)
 
 

@@ -126,8 +126,7 @@ def plot(widths, table, curves, path, steps):
     ax.set_title("train loss (solid muP, dashed NTP)", fontsize=9)
     ax.legend(fontsize=5, frameon=False, ncol=2)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=75, bbox_inches="tight")
+    lab.savefig(fig, path, dpi=75)
     plt.close(fig)
 
 
