@@ -27,7 +27,7 @@ Only ratios measured in the same process are meaningful on a shared machine.
 
 from __future__ import annotations
 
-import importlib
+
 import math
 
 import jax
@@ -38,7 +38,7 @@ import optax
 import spectral_optax as so
 from benchmarks._common import environment, hidden_kernel_tree, parser, time_update_steps, write_json
 
-_ns = importlib.import_module("spectral_optax.newton_schulz")  # flop model (module-level helpers)
+import spectral_optax._duals.polar as _ns  # flop model
 
 LR = 1e-3
 STEPS = 5

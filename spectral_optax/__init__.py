@@ -1,12 +1,24 @@
 """spectral_optax: learning rates that transfer across width and depth.
 
 Geometry (what a parameter is) -> dual maps (how a gradient is normalized in
-a norm) -> transforms (optax GradientTransformations) -> named optimizers;
-initializers, depth scaling and diagnostics beside them; the lab on top.
+a norm) -> transforms (optax ``GradientTransformation``s) -> named
+optimizers; initializers, depth scaling and diagnostics beside them; the lab
+and the Flax blocks on top. The math is in ``docs/math.md``.
+
+Implementation modules are private (leading underscore); this module and the
+documented subpackages ``initializers``, ``diagnostics``, ``nn`` and ``lab``
+are the public API. ``diagnostics``, ``nn`` and ``lab`` (and the diagnostic
+functions re-exported here) are imported on first use, so ``import
+spectral_optax`` loads neither Flax's module system nor matplotlib.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 # Geometry: the single source of truth for every parameter's layout.
-from spectral_optax.geometry import (
+from spectral_optax._geometry import (
     Geometry,
     GeometryError,
     GeometryMap,
@@ -18,9 +30,9 @@ from spectral_optax.geometry import (
     to_matrix,
 )
 
-# Dual maps and orthogonalization (pure functions).
-from spectral_optax.duals.row_column import column_normalize, lp_dual_direction, row_normalize
-from spectral_optax.newton_schulz import (
+# Dual maps and orthogonalization (pure functions on the canonical view).
+from spectral_optax._duals.row_column import column_normalize, lp_dual_direction, row_normalize
+from spectral_optax._duals.polar import (
     MUON_QUINTIC,
     newton_schulz,
     optimal_quintic,
@@ -28,18 +40,19 @@ from spectral_optax.newton_schulz import (
 )
 
 # Transforms.
-from spectral_optax.transforms.spectral import ScaleBySpectralNormState, scale_by_spectral_norm
-from spectral_optax.transforms.parametrization import lr_multiplier, scale_by_parametrization1
-from spectral_optax.transforms.row_column import scale_by_col_norm, scale_by_row_norm, scale_by_sign
-from spectral_optax.transforms.orthogonalize import orthogonalize_via_newton_schulz
+from spectral_optax._transforms.spectral import ScaleBySpectralNormState, scale_by_spectral_norm
+from spectral_optax._transforms.parametrization import lr_multiplier, scale_by_parametrization1
+from spectral_optax._transforms.row_column import scale_by_col_norm, scale_by_row_norm, scale_by_sign
+from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
 
 # Named optimizers.
-from spectral_optax.optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
-from spectral_optax.optimizers.muon import muon
-from spectral_optax.optimizers.moga import MOGA_RULES, moga, moga_labels, rescaled_adamw
+from spectral_optax._optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
+from spectral_optax._optimizers.muon import muon
+from spectral_optax._optimizers.moga import MOGA_RULES, moga, moga_labels, rescaled_adamw
 
 # Depth: inverse-depth residual scaling.
-from spectral_optax.depth import (
+from spectral_optax._depth import (
+    BRANCH_OUT_PATTERN,
     decoupled_weight_decay,
     depth_residual_scale,
     depth_scaled_init,
@@ -47,19 +60,39 @@ from spectral_optax.depth import (
     scale_init,
 )
 
-# Initializers, building blocks, diagnostics, the lab.
-from spectral_optax import diagnostics, initializers, lab, nn
-from spectral_optax.describe import describe
-from spectral_optax.diagnostics import (
-    alignment,
-    coord_check,
-    relative_change,
-    relative_weight_change,
-    spectral_norm,
-    stable_rank,
-)
+from spectral_optax import initializers
+from spectral_optax._describe import describe
 
 __version__ = "0.1.0"
+
+# Loaded on first use (PEP 562): name -> (module, attribute or None for the module).
+_LAZY = {
+    "diagnostics": ("spectral_optax.diagnostics", None),
+    "lab": ("spectral_optax.lab", None),
+    "nn": ("spectral_optax.nn", None),
+    "alignment": ("spectral_optax.diagnostics", "alignment"),
+    "coord_check": ("spectral_optax.diagnostics", "coord_check"),
+    "relative_change": ("spectral_optax.diagnostics", "relative_change"),
+    "relative_weight_change": ("spectral_optax.diagnostics", "relative_weight_change"),
+    "spectral_norm": ("spectral_optax.diagnostics", "spectral_norm"),
+    "stable_rank": ("spectral_optax.diagnostics", "stable_rank"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = importlib.import_module(module)
+        if attr is not None:
+            value = getattr(value, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'spectral_optax' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Geometry", "GeometryError", "GeometryMap", "as_geometry_map", "from_matrix", "infer_geometry",
@@ -69,7 +102,9 @@ __all__ = [
     "ScaleBySpectralNormState", "scale_by_spectral_norm", "lr_multiplier", "scale_by_parametrization1",
     "scale_by_col_norm", "scale_by_row_norm", "scale_by_sign", "orthogonalize_via_newton_schulz",
     "mup_adamw", "mup_sgd", "spectral_sgd", "muon", "MOGA_RULES", "moga", "moga_labels", "rescaled_adamw",
-    "decoupled_weight_decay", "depth_residual_scale", "depth_scaled_init", "residual_alpha", "scale_init",
-    "diagnostics", "initializers", "lab", "nn", "describe",
+    "BRANCH_OUT_PATTERN", "decoupled_weight_decay", "depth_residual_scale", "depth_scaled_init",
+    "residual_alpha", "scale_init",
+    "initializers", "describe",
+    "diagnostics", "lab", "nn",
     "alignment", "coord_check", "relative_change", "relative_weight_change", "spectral_norm", "stable_rank",
 ]

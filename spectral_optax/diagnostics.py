@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from spectral_optax.geometry import Geometry, GeometryLike, map_with_geometry, to_matrix
+from spectral_optax._geometry import Geometry, GeometryLike, map_with_geometry, to_matrix
 
 __all__ = [
     "relative_change",

@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectral_optax.geometry import Geometry, from_matrix
+from spectral_optax._geometry import Geometry, from_matrix
 
 __all__ = ["spectral_normal", "spectral_orthogonal", "spectral_embedding"]
 

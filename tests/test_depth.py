@@ -21,7 +21,7 @@ import optax
 import pytest
 
 import spectral_optax as so
-from spectral_optax import depth
+from spectral_optax import _depth as depth
 from spectral_optax.nn import linen as snn
 
 K = 8  # blocks; alpha = 2 / 8 = 0.25

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import spectral_optax
 from spectral_optax import initializers as I
 
 KEY = jax.random.key(0)

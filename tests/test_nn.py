@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 import spectral_optax as so
-from spectral_optax import depth
+from spectral_optax import _depth as depth
 from spectral_optax.nn import linen as L
 from spectral_optax.nn import nnx as N
 

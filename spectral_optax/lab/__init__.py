@@ -47,7 +47,7 @@ task whose loss reaches its floor over a wide LR band has no well-defined
 best LR.
 """
 
-from spectral_optax.lab.data import (
+from spectral_optax.lab._data import (
     DataError,
     Dataset,
     cifar,
@@ -56,18 +56,10 @@ from spectral_optax.lab.data import (
     load,
     text,
 )
-from spectral_optax.lab.models import MLP, Model, embed_init, kernel_init, loss_for, mlp_family
-from spectral_optax.lab.plots import plot_sweep, plot_sweeps, savefig
-from spectral_optax.lab.sweep import (
-    SweepResult,
-    append_run,
-    load_runs,
-    lr_grid,
-    refine_minimum,
-    spread_steps,
-    summarize,
-    sweep,
-)
+from spectral_optax.lab._models import MLP, Model, embed_init, kernel_init, loss_for, mlp_family
+from spectral_optax.lab._plots import plot_sweep, plot_sweeps, savefig
+from spectral_optax.lab._summary import lr_grid, refine_minimum, spread_steps, summarize
+from spectral_optax.lab._sweep import SweepResult, append_run, load_runs, sweep
 
 __all__ = [
     "DataError", "Dataset", "cifar", "digits", "digits_binary", "load", "text",

@@ -8,7 +8,7 @@ the absorbed form, to be trained with
 :func:`spectral_optax.depth_residual_scale`.
 
 Parameter names follow one convention so that
-:data:`spectral_optax.depth.BRANCH_OUT_PATTERN` selects the last layer of
+:data:`spectral_optax.BRANCH_OUT_PATTERN` selects the last layer of
 every branch and :func:`spectral_optax.infer_geometry` reads the stacked
 kernels without help:
 
@@ -35,7 +35,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from spectral_optax.depth import residual_alpha, scale_init
+from spectral_optax._depth import residual_alpha, scale_init
 
 Initializer = Callable[..., Any]
 default_kernel_init = nn.initializers.lecun_normal()

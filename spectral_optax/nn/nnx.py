@@ -3,7 +3,7 @@
 The NNX twins of :mod:`spectral_optax.nn.linen` with the same parameter paths
 (``input_proj``, ``blocks/dense_0``, ``blocks/dense_1``, ``head``; the
 transformer's ``blocks/attn/out`` and ``blocks/mlp/dense_1``), so
-:data:`spectral_optax.depth.BRANCH_OUT_PATTERN` selects the branch-last layers
+:data:`spectral_optax.BRANCH_OUT_PATTERN` selects the branch-last layers
 of both. The K blocks are created with ``nnx.vmap`` (every block parameter has
 a leading layer axis of size K) and applied with ``nnx.scan``, so depth 64
 compiles as fast as depth 2. Pass the live model as ``geometry=model`` to the
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from spectral_optax.depth import residual_alpha, scale_init
+from spectral_optax._depth import residual_alpha, scale_init
 
 Initializer = Callable[..., Any]
 default_kernel_init = nnx.initializers.lecun_normal()

@@ -79,7 +79,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spectral_optax.geometry import (
+from spectral_optax._geometry import (
     GeometryError,
     GeometryLike,
     as_geometry_map,

@@ -29,7 +29,7 @@ from typing import Any
 import jax.numpy as jnp
 import optax
 
-from spectral_optax.geometry import Geometry, GeometryError, GeometryLike, as_geometry_map, map_with_geometry
+from spectral_optax._geometry import Geometry, GeometryError, GeometryLike, as_geometry_map, map_with_geometry
 
 KINDS = ("sgd", "adam")
 

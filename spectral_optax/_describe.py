@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from spectral_optax.geometry import GeometryLike, as_geometry_map
-from spectral_optax.transforms.parametrization import relative_multipliers
+from spectral_optax._geometry import GeometryLike, as_geometry_map
+from spectral_optax._transforms.parametrization import relative_multipliers
 
 _COLUMNS = ("path", "shape", "kind", "d_in", "d_out", "batch_axes", "target_norm", "lr_sgd", "lr_adam")
 

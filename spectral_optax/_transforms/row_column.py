@@ -1,6 +1,6 @@
 """Row-norm, column-norm and sign descent as optax GradientTransformations.
 
-Each transform maps one dual of :mod:`spectral_optax.duals.row_column` over
+Each transform maps one dual of :mod:`spectral_optax._duals.row_column` over
 the update tree through the parameter geometry: every leaf is viewed as its
 canonical ``(num_slices, d_in, d_out)`` matrix (stacked layers, conv windows,
 fused QKV blocks are handled by :func:`spectral_optax.to_matrix`), normalized,
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import optax
 
-from spectral_optax.duals.row_column import _check_p, _check_q, column_normalize, row_normalize
-from spectral_optax.geometry import GeometryLike
-from spectral_optax.transforms.dual import dual_map_transform
+from spectral_optax._duals.row_column import _check_p, _check_q, column_normalize, row_normalize
+from spectral_optax._geometry import GeometryLike
+from spectral_optax._transforms.dual import dual_map_transform
 
 __all__ = ["scale_by_row_norm", "scale_by_col_norm", "scale_by_sign"]
 

@@ -10,7 +10,7 @@ the spectral condition asks for an update with spectral norm
 norm ``||G||_F >= ||G||_*`` (cheap; equal for rank-1 gradients, and close
 because gradients have low stable rank) or estimated by power iteration on
 ``G^T G`` with right singular vectors warm-started from the previous step.
-The full orthogonalization ``U V^T`` lives in :mod:`spectral_optax.newton_schulz`.
+The full orthogonalization ``U V^T`` lives in :mod:`spectral_optax._duals.polar`.
 
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature
@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from spectral_optax.duals.numerics import compute_dtype, safe_max_abs, unit_frobenius
+from spectral_optax._numerics import compute_dtype, safe_max_abs, unit_frobenius
 
 
 def frobenius_normalize(m: jax.Array) -> jax.Array:

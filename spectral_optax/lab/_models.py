@@ -191,7 +191,7 @@ def mlp_family(
     """``size -> Model``: MLPs on ``data`` varying ``'width'`` or ``'depth'``.
 
     Args:
-      data: a lab :class:`~spectral_optax.lab.data.Dataset`.
+      data: a lab :class:`~spectral_optax.lab._data.Dataset`.
       vary: which attribute the size sets: ``'width'`` or ``'depth'``.
       width, depth: the fixed value of the other attribute.
       residual: residual blocks (see :class:`MLP`).

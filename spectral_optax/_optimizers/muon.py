@@ -34,16 +34,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spectral_optax.duals.embedding import normalize_fan_out_rms
-from spectral_optax.geometry import (
+from spectral_optax._duals.embedding import normalize_fan_out_rms
+from spectral_optax._geometry import (
     Geometry,
     GeometryLike,
     GeometryMap,
     as_geometry_map,
 )
-from spectral_optax.newton_schulz import Coefficients
-from spectral_optax.transforms.dual import dual_map_transform
-from spectral_optax.transforms.orthogonalize import orthogonalize_via_newton_schulz
+from spectral_optax._duals.polar import Coefficients
+from spectral_optax._transforms.dual import dual_map_transform
+from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
 
 ROUTES = ("muon", "adamw", "normalize")
 

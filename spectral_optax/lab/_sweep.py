@@ -29,8 +29,7 @@ import math
 import os
 import time
 import warnings
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -38,123 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-__all__ = [
-    "lr_grid",
-    "sweep",
-    "SweepResult",
-    "summarize",
-    "spread_steps",
-    "refine_minimum",
-    "load_runs",
-    "append_run",
-]
+from spectral_optax.lab._plots import plot_sweep
+from spectral_optax.lab._summary import summarize
 
-
-# --------------------------------------------------------------------------
-# Grids and the spread.
-# --------------------------------------------------------------------------
-def lr_grid(center: float, num: int = 10, ratio: float = 2.0) -> list[float]:
-    """``num`` learning rates ``center * ratio**k``, ``k = -(num // 2) .. num - 1 - num // 2``."""
-    return [float(center * ratio ** (k - num // 2)) for k in range(num)]
-
-
-def refine_minimum(lrs: Sequence[float], losses: Sequence[float]) -> tuple[float, int]:
-    """Best LR of one loss-vs-LR curve with sub-grid precision.
-
-    Fits a parabola in ``u = log(lr)`` through the grid minimum and its two
-    neighbours and returns its vertex (which lies within half a grid step of
-    the grid minimum). At the grid edge, or when a neighbour diverged
-    (non-finite), returns the grid point.
-
-    Args:
-      lrs: increasing, equally log-spaced learning rates.
-      losses: the loss at each LR (``inf``/``nan`` = diverged).
-
-    Returns:
-      ``(best_lr, index of the grid minimum)``; ``(nan, -1)`` if every run
-      diverged.
-    """
-    lrs = np.asarray(lrs, float)
-    y = np.asarray(losses, float)
-    y = np.where(np.isfinite(y), y, np.inf)
-    if not np.isfinite(y).any():
-        return float("nan"), -1
-    i = int(np.argmin(y))
-    if 0 < i < len(y) - 1 and np.isfinite(y[i - 1]) and np.isfinite(y[i + 1]):
-        u = np.log(lrs)
-        h = 0.5 * (u[i + 1] - u[i - 1])
-        curv = y[i - 1] - 2 * y[i] + y[i + 1]
-        if curv > 0:
-            offset = h * (y[i - 1] - y[i + 1]) / (2 * curv)
-            return float(np.exp(u[i] + np.clip(offset, -h / 2, h / 2))), i
-    return float(lrs[i]), i
-
-
-def spread_steps(best_lrs: Iterable[float], grid_ratio: float = 2.0) -> float:
-    """``log2(max / min) / log2(grid_ratio)`` over the finite best LRs (0 for < 2)."""
-    b = np.asarray([x for x in best_lrs if x is not None and np.isfinite(x) and x > 0], float)
-    if len(b) < 2:
-        return 0.0
-    return float(np.log2(b.max() / b.min()) / np.log2(grid_ratio))
-
-
-def _grid_ratio(lrs: Sequence[float]) -> float:
-    lrs = np.sort(np.unique(np.asarray(lrs, float)))
-    if len(lrs) < 2:
-        return 2.0
-    return float(np.exp(np.median(np.diff(np.log(lrs)))))
-
-
-def summarize(
-    runs: Sequence[dict], *, metric: str = "train_loss", grid_ratio: float | None = None
-) -> dict:
-    """Best LR per size and the spread in grid steps.
-
-    Losses are averaged over seeds per (size, LR); a (size, LR) where any seed
-    diverged counts as diverged.
-
-    Args:
-      runs: run records (as written by :func:`sweep`).
-      metric: ``'train_loss'`` or ``'val_loss'``.
-      grid_ratio: ratio between grid points; inferred from the LRs if None.
-
-    Returns:
-      ``{"best_lr": {size: lr}, "best_lr_grid": {size: lr},
-      "loss_at_best": {size: mean loss at the grid minimum},
-      "at_edge": [sizes whose minimum is at the grid edge],
-      "diverged": {size: number of diverged runs}, "spread_steps": x,
-      "grid_ratio": r, "metric": metric, "num_runs": n}``.
-    """
-    by_size: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    diverged: dict[int, int] = defaultdict(int)
-    for r in runs:
-        v = r.get(metric)
-        bad = r.get("diverged") or v is None or not np.isfinite(v)
-        by_size[r["size"]][float(r["lr"])].append(np.inf if bad else float(v))
-        diverged[r["size"]] += int(bool(bad))
-    all_lrs = [lr for d in by_size.values() for lr in d]
-    ratio = grid_ratio or _grid_ratio(all_lrs)
-    best, best_grid, at_best, edge = {}, {}, {}, []
-    for size in sorted(by_size):
-        lrs = sorted(by_size[size])
-        mean = [float(np.mean(by_size[size][lr])) for lr in lrs]
-        lr_star, i = refine_minimum(lrs, mean)
-        best[size] = lr_star
-        best_grid[size] = float(lrs[i]) if i >= 0 else float("nan")
-        at_best[size] = mean[i] if i >= 0 else float("nan")
-        if i in (0, len(lrs) - 1):
-            edge.append(size)
-    return {
-        "best_lr": best,
-        "best_lr_grid": best_grid,
-        "loss_at_best": at_best,
-        "at_edge": edge,
-        "diverged": {s: diverged[s] for s in sorted(by_size)},
-        "spread_steps": spread_steps(best.values(), ratio),
-        "grid_ratio": ratio,
-        "metric": metric,
-        "num_runs": len(runs),
-    }
+__all__ = ["sweep", "SweepResult", "load_runs", "append_run"]
 
 
 # --------------------------------------------------------------------------
@@ -230,8 +116,7 @@ class SweepResult:
 
     def plot(self, path=None, *, ax=None, metric: str = "train_loss", title: str | None = None):
         """Loss vs LR, one curve per size, a star at each best LR (see
-        :func:`spectral_optax.lab.plots.plot_sweep`)."""
-        from spectral_optax.lab.plots import plot_sweep
+        :func:`spectral_optax.lab._plots.plot_sweep`)."""
 
         return plot_sweep(self, path, ax=ax, metric=metric, title=title)
 
@@ -323,9 +208,9 @@ def sweep(
     """Train ``family(size)`` for every size x LR x seed; resumable.
 
     Args:
-      family: ``size -> Model`` (a :class:`~spectral_optax.lab.models.Model`
+      family: ``size -> Model`` (a :class:`~spectral_optax.lab._models.Model`
         with ``init(key)``, ``loss(params, x, y)``); see
-        :func:`~spectral_optax.lab.models.mlp_family`.
+        :func:`~spectral_optax.lab._models.mlp_family`.
       optimizer: ``(lr, size) -> optax.GradientTransformation`` (or
         ``lr -> ...``). Called inside ``vmap`` with a *traced* scalar ``lr``,
         so it must use ``lr`` arithmetically (every optax optimizer and the
@@ -334,7 +219,7 @@ def sweep(
       sizes: widths, depths, ...: each is passed to ``family`` and
         ``optimizer``.
       lrs: the LR grid (factor-2 steps by convention, see :func:`lr_grid`).
-      data: a lab :class:`~spectral_optax.lab.data.Dataset`.
+      data: a lab :class:`~spectral_optax.lab._data.Dataset`.
       steps: training steps per run.
       batch_size: examples per step (sampled with replacement, the same
         sequence for every LR of a seed).

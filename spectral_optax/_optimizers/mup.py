@@ -22,10 +22,10 @@ from typing import Any, Callable
 
 import optax
 
-from spectral_optax.geometry import GeometryLike, as_geometry_map
-from spectral_optax.optimizers.common import decay_then_learning_rate
-from spectral_optax.transforms.parametrization import scale_by_parametrization1
-from spectral_optax.transforms.spectral import scale_by_spectral_norm
+from spectral_optax._geometry import GeometryLike, as_geometry_map
+from spectral_optax._optimizers.common import decay_then_learning_rate
+from spectral_optax._transforms.parametrization import scale_by_parametrization1
+from spectral_optax._transforms.spectral import scale_by_spectral_norm
 
 ScalarOrSchedule = float | Callable[[Any], Any]
 

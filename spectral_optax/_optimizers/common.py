@@ -18,7 +18,7 @@ from typing import Any
 
 import optax
 
-from spectral_optax.geometry import GeometryLike, label_by_geometry
+from spectral_optax._geometry import GeometryLike, label_by_geometry
 
 
 def decay_mask_sparing_vectors(geometry: GeometryLike = None) -> Callable[[Any], Any]:

@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spectral_optax.duals.embedding import normalize_fan_out_rms
-from spectral_optax.duals.spectral import frobenius_normalize, spectral_normalize_power
-from spectral_optax.geometry import Geometry, GeometryLike, from_matrix, map_with_geometry, to_matrix
+from spectral_optax._duals.embedding import normalize_fan_out_rms
+from spectral_optax._duals.spectral import frobenius_normalize, spectral_normalize_power
+from spectral_optax._geometry import Geometry, GeometryLike, from_matrix, map_with_geometry, to_matrix
 
 METHODS = ("frobenius", "power")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import jax
 
-from spectral_optax.duals.numerics import rms_normalize
+from spectral_optax._numerics import rms_normalize
 
 
 def normalize_fan_out_rms(m: jax.Array) -> jax.Array:

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from spectral_optax.lab._summary import summarize
+
 __all__ = ["plot_sweep", "plot_sweeps", "savefig"]
 
 
@@ -45,7 +47,7 @@ def plot_sweep(result, path=None, *, ax=None, metric: str = "train_loss", title=
     """Loss vs LR for one sweep.
 
     Args:
-      result: a :class:`~spectral_optax.lab.sweep.SweepResult` or a list of runs.
+      result: a :class:`~spectral_optax.lab._sweep.SweepResult` or a list of runs.
       path: save the figure there (PNG) when given.
       ax: draw into this matplotlib axis (a new figure otherwise).
       metric: ``'train_loss'`` or ``'val_loss'``.
@@ -55,8 +57,6 @@ def plot_sweep(result, path=None, *, ax=None, metric: str = "train_loss", title=
     Returns:
       the matplotlib axis.
     """
-    from spectral_optax.lab.sweep import summarize
-
     plt = _pyplot()
     runs = _runs_of(result)
     size_name = size_name or getattr(result, "size_name", "size")
@@ -122,9 +122,7 @@ def plot_sweeps(results: Mapping[str, object] | Sequence, path=None, *,
         summ = None
         runs = _runs_of(res)
         if runs:
-            from spectral_optax.lab.sweep import summarize
-
-            summ = summarize(runs, metric=metric)
+                    summ = summarize(runs, metric=metric)
         t = f"{name}" + (f"  (spread {summ['spread_steps']:.2f})" if summ else "")
         plot_sweep(res, ax=ax, metric=metric, title=t)
     for ax in list(axes.flat)[n:]:

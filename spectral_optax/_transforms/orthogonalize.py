@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from spectral_optax.geometry import (
+from spectral_optax._geometry import (
     KINDS,
     Geometry,
     GeometryLike,
@@ -47,7 +47,7 @@ from spectral_optax.geometry import (
     path_str,
     to_matrix,
 )
-from spectral_optax.newton_schulz import Coefficients, newton_schulz, resolve_coefficients
+from spectral_optax._duals.polar import Coefficients, newton_schulz, resolve_coefficients
 
 SCALES = ("spectral", "muon", "rms")
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import jax
 import optax
 
-from spectral_optax.geometry import GeometryLike, as_geometry_map, from_matrix, map_with_geometry, to_matrix
+from spectral_optax._geometry import GeometryLike, as_geometry_map, from_matrix, map_with_geometry, to_matrix
 
 
 def dual_map_transform(

@@ -24,16 +24,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spectral_optax.duals.row_column import _check_p, _check_q, _static
-from spectral_optax.optimizers.common import decay_then_learning_rate
-from spectral_optax.geometry import (
+from spectral_optax._duals.row_column import _check_p, _check_q, _static
+from spectral_optax._optimizers.common import decay_then_learning_rate
+from spectral_optax._geometry import (
     Geometry,
     GeometryLike,
     as_geometry_map,
     label_by_geometry,
     map_with_geometry,
 )
-from spectral_optax.transforms.row_column import scale_by_col_norm, scale_by_row_norm, scale_by_sign
+from spectral_optax._transforms.row_column import scale_by_col_norm, scale_by_row_norm, scale_by_sign
 
 __all__ = ["moga", "moga_labels", "rescaled_adamw", "MOGA_RULES"]
 
