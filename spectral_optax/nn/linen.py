@@ -14,8 +14,10 @@ kernels without help:
 
 * residual MLP: ``input_proj`` (or ``embed`` + ``input_proj``), ``blocks/dense_0``,
   ``blocks/dense_1`` (the branch's last layer), ``head``;
-* transformer: ``embed``, ``blocks/{ln_attn, attn/{query,key,value,out}, ln_mlp,
-  mlp/{dense_0, dense_1}}``, ``ln_final``, ``head``.
+* transformer: ``embed``, ``pos_embed``, ``blocks/{ln_attn, attn/{query,key,value,out}
+  (or fused ``attn/{qkv,out}``), ln_mlp, mlp/{dense_0, dense_1}}``, ``ln_final``, ``head``;
+* ResNet: ``stem``, ``stages_i/{conv_0, bn_0, conv_1, bn_1}`` per block, ``shortcut_i``
+  at stage changes, ``head``.
 
 With ``scan=True`` (default) the K blocks are one ``nn.scan``: every block
 parameter has a leading layer axis of size K (a batch axis of its geometry)
@@ -23,8 +25,7 @@ and depth 64 compiles as fast as depth 2. With ``scan=False`` the blocks are
 ``blocks_0 .. blocks_{K-1}``.
 
 References:
-  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling; REFERENCE.md
-  section 5.
+  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling (docs/math.md).
 """
 
 from __future__ import annotations
@@ -110,6 +111,47 @@ class ResidualMLPBlock(nn.Module):
         return h + jnp.asarray(self.multiplier, y.dtype) * y, None
 
 
+QKV_LAYOUTS = ("split", "fused")
+
+
+def _check_qkv(qkv: str) -> str:
+    if qkv not in QKV_LAYOUTS:
+        raise ValueError(f"qkv must be one of {QKV_LAYOUTS}, got {qkv!r}")
+    return qkv
+
+
+class FusedSelfAttention(nn.Module):
+    """Multi-head self-attention with one fused ``qkv`` projection.
+
+    ``[q | k | v] = x W_qkv + b`` (``qkv/kernel``: ``(features, 3 features)``,
+    three independent ``features x features`` maps: its geometry has
+    ``fan_out_splits=3``), per head ``softmax(q k^T / sqrt(d_head) + mask) v``,
+    then ``out`` (a DenseGeneral over ``(heads, d_head)``, kernel
+    ``(heads, d_head, features)``, the same layout as the split form's
+    ``attn/out``). Same function as ``nn.MultiHeadDotProductAttention`` with
+    ``W_qkv = [W_q | W_k | W_v]`` (heads flattened).
+    """
+
+    num_heads: int
+    kernel_init: Initializer = default_kernel_init
+    out_kernel_init: Initializer = default_kernel_init
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, mask=None):
+        d = x.shape[-1]
+        if d % self.num_heads:
+            raise ValueError(f"features={d} is not divisible by num_heads={self.num_heads}")
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        qkv = nn.Dense(3 * d, kernel_init=self.kernel_init, name="qkv", **kw)(x)
+        qkv = qkv.reshape(x.shape[:-1] + (3, self.num_heads, d // self.num_heads))
+        y = nn.dot_product_attention(qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :],
+                                     mask=mask, deterministic=True, dtype=self.dtype)
+        return nn.DenseGeneral(d, axis=(-2, -1), kernel_init=self.out_kernel_init, name="out",
+                               **kw)(y)
+
+
 class TransformerBlock(nn.Module):
     """Pre-LN transformer block with explicit branch multipliers.
 
@@ -122,6 +164,9 @@ class TransformerBlock(nn.Module):
       multiplier: branch multiplier ``m``; out_scale: init factor of
         ``attn/out`` and ``mlp/dense_1``.
       causal: apply a causal mask (inputs ``(batch, seq, features)``).
+      qkv: ``'split'`` (``attn/{query,key,value}``, Flax's
+        ``MultiHeadDotProductAttention``) or ``'fused'`` (one ``attn/qkv``,
+        :class:`FusedSelfAttention`).
     """
 
     features: int
@@ -130,6 +175,7 @@ class TransformerBlock(nn.Module):
     multiplier: float = 1.0
     out_scale: float = 1.0
     causal: bool = True
+    qkv: str = "split"
     kernel_init: Initializer = default_kernel_init
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -140,14 +186,19 @@ class TransformerBlock(nn.Module):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         y = nn.LayerNorm(name="ln_attn", **kw)(h)
         mask = nn.make_causal_mask(jnp.ones(h.shape[:-1], jnp.int32)) if self.causal else None
-        y = nn.MultiHeadDotProductAttention(
-            num_heads=self.num_heads,
-            kernel_init=self.kernel_init,
-            out_kernel_init=scale_init(self.kernel_init, self.out_scale),
-            deterministic=True,
-            name="attn",
-            **kw,
-        )(y, mask=mask)
+        out_init = scale_init(self.kernel_init, self.out_scale)
+        if _check_qkv(self.qkv) == "fused":
+            y = FusedSelfAttention(self.num_heads, kernel_init=self.kernel_init,
+                                   out_kernel_init=out_init, name="attn", **kw)(y, mask=mask)
+        else:
+            y = nn.MultiHeadDotProductAttention(
+                num_heads=self.num_heads,
+                kernel_init=self.kernel_init,
+                out_kernel_init=out_init,
+                deterministic=True,
+                name="attn",
+                **kw,
+            )(y, mask=mask)
         h = h + m * y
         y = nn.LayerNorm(name="ln_mlp", **kw)(h)
         y = MLPBranch(
@@ -248,14 +299,24 @@ class ResidualMLP(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Decoder-only pre-LN transformer LM with inverse-depth branch scaling.
+    """Decoder-only pre-LN transformer LM (GPT-style) with inverse-depth branch scaling.
 
-    ``embed`` (+ learned ``pos_embed``) -> K :class:`TransformerBlock` ->
-    ``ln_final`` -> ``head``. Inputs are token ids ``(batch, seq)``; outputs
-    logits ``(batch, seq, vocab_size)``.
+    ``h_0 = embed(tokens) + pos_embed(positions)`` (learned positions), then K
+    :class:`TransformerBlock` (causal self-attention and a GELU MLP, each
+    branch ``h + alpha * f(LN(h))``), ``ln_final``, and an untied ``head``.
+    Inputs are token ids ``(batch, seq)``; outputs logits
+    ``(batch, seq, vocab_size)``.
+
+    Every parameter's geometry is inferred without overrides (scanned or
+    unrolled, split or fused QKV): embeddings are ``embedding``, ``head`` the
+    ``output`` matrix, ``attn/qkv`` three ``features x features`` maps,
+    ``attn/out`` a ``(heads x d_head) -> features`` map, norms and biases
+    vectors; with ``scan=True`` the layer axis is a batch axis.
 
     Attributes: as :class:`ResidualMLP`, plus ``num_heads``, ``mlp_ratio``,
-    ``max_len`` (positional table size).
+    ``max_len`` (positional table size), ``qkv`` (``'split'`` or ``'fused'``,
+    see :class:`TransformerBlock`), ``embedding_init`` (both tables; default
+    Flax's).
     """
 
     vocab_size: int
@@ -268,7 +329,9 @@ class Transformer(nn.Module):
     alpha: float | None = None
     absorbed: bool = False
     scan: bool = True
+    qkv: str = "split"
     kernel_init: Initializer = default_kernel_init
+    embedding_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -279,8 +342,11 @@ class Transformer(nn.Module):
     @nn.compact
     def __call__(self, tokens):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        h = nn.Embed(self.vocab_size, self.features, name="embed", **kw)(tokens)
-        pos = nn.Embed(self.max_len, self.features, name="pos_embed", **kw)(
+        if tokens.shape[-1] > self.max_len:
+            raise ValueError(f"sequence length {tokens.shape[-1]} exceeds max_len={self.max_len}")
+        emb = dict(embedding_init=self.embedding_init, **kw)
+        h = nn.Embed(self.vocab_size, self.features, name="embed", **emb)(tokens)
+        pos = nn.Embed(self.max_len, self.features, name="pos_embed", **emb)(
             jnp.arange(tokens.shape[-1])
         )
         h = h + pos
@@ -294,6 +360,7 @@ class Transformer(nn.Module):
             mlp_ratio=self.mlp_ratio,
             multiplier=mult,
             out_scale=out_scale,
+            qkv=self.qkv,
             kernel_init=self.kernel_init,
             **kw,
         )(h)
