@@ -55,8 +55,10 @@ class Dataset:
       input_shape: shape of one input example (e.g. ``(64,)``, ``(32, 32, 3)``
         or ``(context,)`` byte ids).
       kind: ``'classification'`` (integer labels), ``'regression'`` (float
-        targets) or ``'bytes'`` (byte ids in ``[0, 256)``, next-byte targets).
-      context: for ``'bytes'``: number of context bytes per example.
+        targets), ``'bytes'`` (byte ids in ``[0, 256)``, next-byte targets) or
+        ``'sequence'`` (byte ids; the targets are the window shifted by one,
+        a next-byte target at every position: language modelling).
+      context: for ``'bytes'`` / ``'sequence'``: bytes of context per example.
     """
 
     name: str
@@ -77,11 +79,11 @@ class Dataset:
         """
         import jax.numpy as jnp
 
-        if self.kind == "bytes":
+        if self.kind in ("bytes", "sequence"):
             (stream,) = arrays
             pos = idx[..., None] + jnp.arange(self.context + 1)
             window = jnp.asarray(stream)[pos].astype(jnp.int32)
-            return window[..., :-1], window[..., -1]
+            return window[..., :-1], window[..., 1:] if self.kind == "sequence" else window[..., -1]
         x, y = arrays
         return jnp.asarray(x)[idx], jnp.asarray(y)[idx]
 
@@ -89,10 +91,10 @@ class Dataset:
         """Host (NumPy) version of :meth:`batch` for ``split`` in train/val."""
         arrays = self.train if split == "train" else self.val
         idx = np.asarray(idx)
-        if self.kind == "bytes":
+        if self.kind in ("bytes", "sequence"):
             (stream,) = arrays
             window = stream[idx[..., None] + np.arange(self.context + 1)].astype(np.int32)
-            return window[..., :-1], window[..., -1]
+            return window[..., :-1], window[..., 1:] if self.kind == "sequence" else window[..., -1]
         x, y = arrays
         return x[idx], y[idx]
 
@@ -202,19 +204,25 @@ def _read_text_file(path: str) -> bytes:
 
 
 def text(
-    path: str | os.PathLike | None = None, *, context: int = 8, val_fraction: float = 0.1
+    path: str | os.PathLike | None = None, *, context: int = 8, val_fraction: float = 0.1,
+    sequence: bool = False,
 ) -> Dataset:
     """Byte-level next-byte prediction.
 
     Examples are windows of ``context`` bytes predicting the next byte (256
     classes). The first ``1 - val_fraction`` of the bytes are training data,
     the rest validation (a contiguous split, so no window straddles both).
+    With ``sequence=True`` the target is the window shifted by one byte
+    (``x = s[i:i+T]``, ``y = s[i+1:i+T+1]``: every position predicts its next
+    byte, the language-modelling task of a causal decoder; kind
+    ``'sequence'``).
 
     Args:
       path: a UTF-8 text file; ``None`` uses Python's bundled documentation
         (``pydoc_data.topics``, ~465 kB).
       context: bytes of context per example.
       val_fraction: fraction of the bytes held out for validation.
+      sequence: targets at every position (see above).
     """
     if path is None:
         raw, name = _pydoc_bytes(), "pydoc"
@@ -234,8 +242,10 @@ def text(
             f"val_fraction={val_fraction}; expected a UTF-8 text file of at least "
             f"{int(2 * (context + 1) / min(val_fraction, 1 - val_fraction)) + 1} bytes"
         )
+    kind = "sequence" if sequence else "bytes"
     return Dataset(
-        f"text:{name}", (tr,), (va,), n_tr, n_va, 256, (context,), "bytes", context=context
+        f"{'seq' if sequence else 'text'}:{name}", (tr,), (va,), n_tr, n_va, 256, (context,), kind,
+        context=context,
     )
 
 
@@ -330,15 +340,16 @@ def cifar(
     )
 
 
-def load(spec: str = "text", *, context: int = 8, flatten: bool = True) -> Dataset:
+def load(spec: str = "text", *, context: int = 8, flatten: bool = True, sequence: bool = False) -> Dataset:
     """Load a dataset by a short command-line spec.
 
     ``'text'`` (embedded pydoc text), ``'digits'``, ``'text:PATH'`` (a UTF-8
     file), ``'cifar10:DIR'`` / ``'cifar100:DIR'`` (binary batch files).
+    ``sequence=True``: text as a language-modelling task (see :func:`text`).
     """
     kind, _, arg = spec.partition(":")
     if kind == "text":
-        return text(arg or None, context=context)
+        return text(arg or None, context=context, sequence=sequence)
     if kind == "digits":
         return digits()
     if kind in ("cifar10", "cifar100"):

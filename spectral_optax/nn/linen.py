@@ -48,7 +48,8 @@ def _multiplier_and_out_scale(alpha: float, absorbed: bool) -> tuple[float, floa
 
 
 class MLPBranch(nn.Module):
-    """``f(h) = dense_1(relu(dense_0(h)))``: the residual MLP branch.
+    """``f(h) = dense_1(gelu(dense_0(h)))``: the transformer's MLP branch
+    (tanh-approximate GELU, ``jax.nn.gelu``; the NNX twin's function).
 
     Attributes:
       features: output width (the residual stream width).
@@ -68,7 +69,7 @@ class MLPBranch(nn.Module):
         hidden = self.hidden_features or self.features
         y = nn.Dense(hidden, kernel_init=self.kernel_init, dtype=self.dtype,
                      param_dtype=self.param_dtype, name="dense_0")(h)
-        y = nn.relu(y)
+        y = nn.gelu(y)
         return nn.Dense(
             self.features,
             kernel_init=scale_init(self.kernel_init, self.out_scale),
@@ -143,7 +144,7 @@ class FusedSelfAttention(nn.Module):
         d = x.shape[-1]
         if d % self.num_heads:
             raise ValueError(f"features={d} is not divisible by num_heads={self.num_heads}")
-        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
         qkv = nn.Dense(3 * d, kernel_init=self.kernel_init, name="qkv", **kw)(x)
         qkv = qkv.reshape(x.shape[:-1] + (3, self.num_heads, d // self.num_heads))
         y = nn.dot_product_attention(qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :],

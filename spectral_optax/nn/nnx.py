@@ -33,6 +33,7 @@ from spectral_optax.nn.linen import _check_qkv
 
 Initializer = Callable[..., Any]
 default_kernel_init = nnx.initializers.lecun_normal()
+default_embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
 
 
 class ResidualMLPBlock(nnx.Module):
@@ -95,7 +96,7 @@ class FusedSelfAttention(nnx.Module):
                  out_kernel_init=default_kernel_init, dtype=None, param_dtype=jnp.float32, rngs):
         if features % num_heads:
             raise ValueError(f"features={features} is not divisible by num_heads={num_heads}")
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         self.num_heads = num_heads
         self.dtype = dtype
         self.qkv = nnx.Linear(features, 3 * features, kernel_init=kernel_init, **kw)
@@ -281,8 +282,7 @@ class Transformer(nnx.Module):
         scan: bool = True,
         qkv: str = "split",
         kernel_init: Initializer = default_kernel_init,
-        embedding_init: Initializer = nnx.initializers.variance_scaling(1.0, "fan_in", "normal",
-                                                                        out_axis=0),
+        embedding_init: Initializer = default_embed_init,
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
