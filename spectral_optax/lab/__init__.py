@@ -63,6 +63,7 @@ from spectral_optax.lab._models import (
     MLP,
     Model,
     embed_init,
+    gpt_family,
     kernel_init,
     loss_for,
     mlp_family,
@@ -79,7 +80,7 @@ from spectral_optax.lab._sweep import (
 
 __all__ = [
     "DataError", "Dataset", "cifar", "digits", "digits_binary", "load", "text",
-    "MLP", "Model", "embed_init", "kernel_init", "loss_for", "mlp_family",
+    "MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family",
     "plot_sweep", "plot_sweeps", "savefig",
     "SweepResult", "append_run", "load_runs", "lr_grid", "refine_minimum", "spread_steps",
     "summarize", "sweep", "warmup_cosine",
