@@ -55,6 +55,7 @@ from spectral_optax.lab._data import (
     Dataset,
     cifar,
     digits,
+    digits_augmented,
     digits_binary,
     load,
     text,
@@ -79,7 +80,7 @@ from spectral_optax.lab._sweep import (
 )
 
 __all__ = [
-    "DataError", "Dataset", "cifar", "digits", "digits_binary", "load", "text",
+    "DataError", "Dataset", "cifar", "digits", "digits_augmented", "digits_binary", "load", "text",
     "MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family",
     "plot_sweep", "plot_sweeps", "savefig",
     "SweepResult", "append_run", "load_runs", "lr_grid", "refine_minimum", "spread_steps",

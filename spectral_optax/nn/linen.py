@@ -16,8 +16,9 @@ kernels without help:
   ``blocks/dense_1`` (the branch's last layer), ``head``;
 * transformer: ``embed``, ``pos_embed``, ``blocks/{ln_attn, attn/{query,key,value,out}
   (or fused ``attn/{qkv,out}``), ln_mlp, mlp/{dense_0, dense_1}}``, ``ln_final``, ``head``;
-* ResNet: ``stem``, ``stages_i/{conv_0, bn_0, conv_1, bn_1}`` per block, ``shortcut_i``
-  at stage changes, ``head``.
+* ResNet: ``conv_in``, ``stage_{s}_blocks_{k}/{ln_0, conv_0, ln_1, conv_1}``,
+  ``conv_down_{s}`` at stage changes, ``ln_final``, ``head`` (branch-last layers:
+  :data:`RESNET_BRANCH_OUT_PATTERN`).
 
 With ``scan=True`` (default) the K blocks are one ``nn.scan``: every block
 parameter has a leading layer axis of size K (a batch axis of its geometry)
@@ -367,3 +368,93 @@ class Transformer(nn.Module):
         )(h)
         h = nn.LayerNorm(name="ln_final", **kw)(h)
         return nn.Dense(self.vocab_size, kernel_init=self.kernel_init, name="head", **kw)(h)
+
+
+#: The last layer of every ResNet branch (``conv_1`` of each block): the
+#: ``mask`` of :func:`spectral_optax.depth_scaled_init` /
+#: :func:`spectral_optax.depth_residual_scale` for the absorbed form.
+RESNET_BRANCH_OUT_PATTERN = r"(^|/)stage_\d+_blocks_\d+/conv_1/(kernel|bias)$"
+
+
+class ResNetBlock(nn.Module):
+    """Pre-activation basic block: ``h + m * conv_1(relu(ln_1(conv_0(relu(ln_0(h))))))``.
+
+    Two 3x3 convolutions at constant width and resolution; ``ln_i`` are
+    LayerNorms over the channels (per pixel: no batch statistics, so the
+    model is a pure function of its parameters). ``conv_1`` (the branch's
+    last layer) is initialized times ``out_scale``.
+    """
+
+    features: int
+    multiplier: float = 1.0
+    out_scale: float = 1.0
+    kernel_init: Initializer = default_kernel_init
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, h):
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
+        y = nn.Conv(self.features, (3, 3), kernel_init=self.kernel_init, name="conv_0", **kw)(
+            nn.relu(nn.LayerNorm(name="ln_0", **kw)(h)))
+        y = nn.Conv(
+            self.features, (3, 3),
+            kernel_init=scale_init(self.kernel_init, self.out_scale),
+            bias_init=scale_init(nn.initializers.zeros_init(), self.out_scale),
+            name="conv_1", **kw,
+        )(nn.relu(nn.LayerNorm(name="ln_1", **kw)(y)))
+        return h + jnp.asarray(self.multiplier, y.dtype) * y
+
+
+class ResNet(nn.Module):
+    """CIFAR-style ResNet with inverse-depth branch scaling.
+
+    ``conv_in`` (3x3, ``features`` channels), then three stages of K basic
+    blocks (:class:`ResNetBlock`, ``h + alpha * f(h)``) at widths
+    ``features * (1, 2, 4)``; before stages 1 and 2 a stride-2 3x3
+    ``conv_down_{s}`` doubles the channels and halves the resolution (outside
+    the residual stacks, so only the blocks change with K). Then ``ln_final``,
+    ReLU, global average pooling and ``head``. ``alpha = base_blocks / K``
+    (K = blocks per stage) unless ``alpha`` is given (``1.0``: unscaled);
+    ``absorbed=True`` uses a unit multiplier and initializes ``conv_1`` times
+    ``alpha`` (mask: :data:`RESNET_BRANCH_OUT_PATTERN`).
+
+    Parameter paths: ``conv_in``, ``stage_{s}_blocks_{k}/{ln_0, conv_0, ln_1,
+    conv_1}``, ``conv_down_{s}``, ``ln_final``, ``head``. Conv kernels
+    ``(3, 3, in, out)`` are ``(window x in) -> out`` matrices for the
+    geometry, inferred from their names.
+
+    Inputs: images ``(batch, H, W, C)``; outputs logits ``(batch, num_classes)``.
+    """
+
+    features: int
+    num_blocks: int
+    num_classes: int
+    base_blocks: int = 2
+    alpha: float | None = None
+    absorbed: bool = False
+    kernel_init: Initializer = default_kernel_init
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @property
+    def branch_alpha(self) -> float:
+        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha)
+
+    @nn.compact
+    def __call__(self, x):
+        if x.ndim != 4:
+            raise ValueError(f"ResNet expects images (batch, H, W, C), got shape {x.shape}")
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
+        mult, out_scale = _multiplier_and_out_scale(self.branch_alpha, self.absorbed)
+        h = nn.Conv(self.features, (3, 3), kernel_init=self.kernel_init, name="conv_in", **kw)(x)
+        for s in range(3):
+            width = self.features * 2**s
+            if s:
+                h = nn.Conv(width, (3, 3), strides=(2, 2), kernel_init=self.kernel_init,
+                            name=f"conv_down_{s}", **kw)(h)
+            for k in range(self.num_blocks):
+                h = ResNetBlock(width, multiplier=mult, out_scale=out_scale, kernel_init=self.kernel_init,
+                                name=f"stage_{s}_blocks_{k}", **kw)(h)
+        h = nn.relu(nn.LayerNorm(name="ln_final", **kw)(h)).mean(axis=(1, 2))
+        return nn.Dense(self.num_classes, kernel_init=self.kernel_init, name="head", **kw)(h)

@@ -312,3 +312,61 @@ class Transformer(nnx.Module):
         h = self.embed(tokens) + self.pos_embed(jnp.arange(tokens.shape[-1]))
         h = _apply_blocks(self, h)
         return self.head(self.ln_final(h))
+
+
+class ResNetBlock(nnx.Module):
+    """Twin of :class:`spectral_optax.nn.linen.ResNetBlock` (same paths and function)."""
+
+    def __init__(self, features: int, *, multiplier: float = 1.0, out_scale: float = 1.0,
+                 kernel_init: Initializer = default_kernel_init, dtype: Any = None,
+                 param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        self.multiplier = multiplier
+        self.ln_0 = nnx.LayerNorm(features, **kw)
+        self.conv_0 = nnx.Conv(features, features, (3, 3), kernel_init=kernel_init, **kw)
+        self.ln_1 = nnx.LayerNorm(features, **kw)
+        self.conv_1 = nnx.Conv(features, features, (3, 3), kernel_init=scale_init(kernel_init, out_scale),
+                               bias_init=scale_init(nnx.initializers.zeros_init(), out_scale), **kw)
+
+    def __call__(self, h):
+        y = self.conv_1(jax.nn.relu(self.ln_1(self.conv_0(jax.nn.relu(self.ln_0(h))))))
+        return h + jnp.asarray(self.multiplier, y.dtype) * y
+
+
+class ResNet(nnx.Module):
+    """Twin of :class:`spectral_optax.nn.linen.ResNet` (same paths and function):
+    ``conv_in``, three stages of K :class:`ResNetBlock` at widths
+    ``features * (1, 2, 4)`` with stride-2 ``conv_down_{s}`` between them,
+    ``ln_final``, global average pooling, ``head``."""
+
+    def __init__(self, in_channels: int, features: int, num_blocks: int, num_classes: int, *,
+                 base_blocks: int = 2, alpha: float | None = None, absorbed: bool = False,
+                 kernel_init: Initializer = default_kernel_init, dtype: Any = None,
+                 param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
+        a = residual_alpha(num_blocks, base_blocks, alpha=alpha)
+        self.branch_alpha = a
+        self.num_blocks = num_blocks
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        mult, out_scale = (1.0, a) if absorbed else (a, 1.0)
+        self.conv_in = nnx.Conv(in_channels, features, (3, 3), kernel_init=kernel_init, **kw)
+        for s in range(3):
+            width = features * 2**s
+            if s:
+                setattr(self, f"conv_down_{s}", nnx.Conv(width // 2, width, (3, 3), strides=(2, 2),
+                                                         kernel_init=kernel_init, **kw))
+            for k in range(num_blocks):
+                setattr(self, f"stage_{s}_blocks_{k}",
+                        ResNetBlock(width, multiplier=mult, out_scale=out_scale, kernel_init=kernel_init, **kw))
+        self.ln_final = nnx.LayerNorm(4 * features, **kw)
+        self.head = nnx.Linear(4 * features, num_classes, kernel_init=kernel_init, **kw)
+
+    def __call__(self, x):
+        if x.ndim != 4:
+            raise ValueError(f"ResNet expects images (batch, H, W, C), got shape {x.shape}")
+        h = self.conv_in(x)
+        for s in range(3):
+            if s:
+                h = getattr(self, f"conv_down_{s}")(h)
+            for k in range(self.num_blocks):
+                h = getattr(self, f"stage_{s}_blocks_{k}")(h)
+        return self.head(jax.nn.relu(self.ln_final(h)).mean(axis=(1, 2)))
