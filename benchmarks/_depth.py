@@ -23,10 +23,9 @@ import numpy as np
 import optax
 
 import spectral_optax as so
-from spectral_optax import lab
-
 from benchmarks._common import environment, write_json
 from benchmarks.depth_transfer import _table
+from spectral_optax import lab
 
 #: every optimizer variant the depth paper compares (default runs pick a subset)
 ALL_OPTIMIZERS = ("muon", "moga1.5", "moga2", "moga2.5", "adamw")
@@ -196,12 +195,12 @@ def which_optimizer_figure(results, summary, depth, out, prefix, unit_title):
         steps_t, train = np.asarray(r["curve_steps"]), np.asarray(r["curve"], float)
         steps_v, val = np.asarray(r.get("val_curve_steps", [r["steps"]])), np.asarray(
             r.get("val_curve", [r["val_loss"]]), float)
-        kw = dict(color=colors(i), lw=1.2, label=f"{name} (lr {lr:.3g}, {1e3 * sec:.1f} ms/step)")
+        kw = {"color": colors(i), "lw": 1.2, "label": f"{name} (lr {lr:.3g}, {1e3 * sec:.1f} ms/step)"}
         axes[0, 0].plot(steps_t, train, **kw)
         axes[0, 1].plot(steps_v, val, marker="o", ms=3, **kw)
         axes[1, 0].plot(steps_t * sec, train, **kw)
         axes[1, 1].plot(steps_v * sec, val, marker="o", ms=3, **kw)
-        rows[name] = dict(lr=lr, step_seconds=sec, train_loss=r["train_loss"], val_loss=r["val_loss"])
+        rows[name] = {"lr": lr, "step_seconds": sec, "train_loss": r["train_loss"], "val_loss": r["val_loss"]}
     for ax, (x, y) in zip(axes.flat, [("step", "train loss"), ("step", "val loss"),
                                       ("seconds (steady state)", "train loss"),
                                       ("seconds (steady state)", "val loss")]):

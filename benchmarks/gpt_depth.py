@@ -28,19 +28,19 @@ from __future__ import annotations
 import os
 import time
 
-from spectral_optax import lab
-
 from benchmarks import _depth
+from spectral_optax import lab
 
 PRESETS = {
     # ~1e8 flops per step per LR at depth 16 (width 32, 512 tokens per step).
-    "quick": dict(depths=(2, 8), width=32, context=64, batch_size=8, steps=60, num_lrs=5,
-                  optimizers=("muon", "moga2"), dtype="float32"),
-    "cpu": dict(depths=(2, 4, 8, 16), width=32, context=64, batch_size=8, steps=120, num_lrs=6,
-                optimizers=("muon", "moga2", "adamw"), dtype="float32"),
+    "quick": {"depths": (2, 8), "width": 32, "context": 64, "batch_size": 8, "steps": 60, "num_lrs": 5,
+              "optimizers": ("muon", "moga2"), "dtype": "float32"},
+    "cpu": {"depths": (2, 4, 8, 16), "width": 32, "context": 64, "batch_size": 8, "steps": 120, "num_lrs": 6,
+            "optimizers": ("muon", "moga2", "adamw"), "dtype": "float32"},
     # Not measured yet (no accelerator in the session that wrote it).
-    "gpu": dict(depths=(2, 4, 8, 16, 32, 64, 128), width=256, context=256, batch_size=32, steps=2000,
-                num_lrs=9, optimizers=("muon", "moga1.5", "moga2", "moga2.5", "adamw"), dtype="bfloat16"),
+    "gpu": {"depths": (2, 4, 8, 16, 32, 64, 128), "width": 256, "context": 256, "batch_size": 32,
+            "steps": 2000, "num_lrs": 9, "optimizers": ("muon", "moga1.5", "moga2", "moga2.5", "adamw"),
+            "dtype": "bfloat16"},
 }
 
 #: LR-grid centers (peak LR), factor-2 grids around them.
@@ -86,7 +86,7 @@ def main(argv=None):
     return _depth.finish(
         benchmark="gpt_depth", preset=preset, cfg=cfg, data=data, results=results, summary=summary,
         extra={"throughput_tokens_per_s": tput, "which_optimizer": {"depth": deepest, "runs": which},
-               "figures": figures + [fig], "lr_centers": {k: CENTERS[k] for k in cfg["optimizers"]}},
+               "figures": [*figures, fig], "lr_centers": {k: CENTERS[k] for k in cfg["optimizers"]}},
         args=args, t0=t0,
     )
 

@@ -68,6 +68,7 @@ from spectral_optax.lab._models import (
     kernel_init,
     loss_for,
     mlp_family,
+    resnet_family,
 )
 from spectral_optax.lab._plots import plot_sweep, plot_sweeps, savefig
 from spectral_optax.lab._summary import lr_grid, refine_minimum, spread_steps, summarize
@@ -81,7 +82,7 @@ from spectral_optax.lab._sweep import (
 
 __all__ = [
     "DataError", "Dataset", "cifar", "digits", "digits_augmented", "digits_binary", "load", "text",
-    "MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family",
+    "MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family", "resnet_family",
     "plot_sweep", "plot_sweeps", "savefig",
     "SweepResult", "append_run", "load_runs", "lr_grid", "refine_minimum", "spread_steps",
     "summarize", "sweep", "warmup_cosine",

@@ -33,7 +33,8 @@ import optax
 
 from spectral_optax.initializers import spectral_embedding, spectral_normal
 
-__all__ = ["MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family"]
+__all__ = ["MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family",
+           "resnet_family"]
 
 INITS = ("spectral", "standard")
 
@@ -250,7 +251,7 @@ def gpt_family(
     example_x, _ = data.numpy_batch("train", [0])
     inits = {}
     if init == "spectral":
-        inits = dict(kernel_init=kernel_init("spectral", gain=1.0), embedding_init=embed_init("spectral"))
+        inits = {"kernel_init": kernel_init("spectral", gain=1.0), "embedding_init": embed_init("spectral")}
     elif init != "standard":
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
 
@@ -262,6 +263,39 @@ def gpt_family(
             base_blocks=base_blocks, alpha=None if scaled else 1.0, qkv=qkv, dtype=dtype,
             **inits, **transformer_kwargs,
         )
+        return Model.from_linen(module, example_x, "xent")
+
+    return family
+
+
+def resnet_family(
+    data, *, vary: str = "depth", width: int = 16, depth: int = 2, scaled: bool = True,
+    base_blocks: int = 2, init: str = "spectral", dtype: Any = None,
+) -> Callable[[int], Model]:
+    """``size -> Model``: CIFAR-style ResNets (:class:`spectral_optax.nn.linen.ResNet`,
+    K blocks per stage) on an image dataset (``(H, W, C)`` inputs, e.g.
+    ``lab.digits_augmented()`` or ``lab.cifar(dir)``), varying ``'depth'`` (K)
+    or ``'width'`` (the first stage's channels).
+
+    ``scaled``: branches ``h + (base_blocks / K) f(h)`` or ``h + f(h)``;
+    ``init``: ``'spectral'`` (``spectral_normal(gain=sqrt 2)`` kernels, conv
+    fan-in = window x in) or ``'standard'`` (Flax defaults).
+    """
+    from spectral_optax.nn.linen import ResNet
+
+    if vary not in ("width", "depth"):
+        raise ValueError(f"vary must be 'width' or 'depth', got {vary!r}")
+    if len(data.input_shape) != 3:
+        raise ValueError(f"resnet_family needs images (H, W, C); got input_shape {data.input_shape} "
+                         "(load CIFAR with flatten=False)")
+    example_x, _ = data.numpy_batch("train", [0])
+    inits = {"kernel_init": kernel_init(init)} if init == "spectral" else {}
+    kernel_init(init)  # validates `init`
+
+    def family(size: int) -> Model:
+        w, d = (size, depth) if vary == "width" else (width, size)
+        module = ResNet(w, d, data.num_outputs, base_blocks=base_blocks, alpha=None if scaled else 1.0,
+                        dtype=dtype, **inits)
         return Model.from_linen(module, example_x, "xent")
 
     return family
