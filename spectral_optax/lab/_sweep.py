@@ -350,17 +350,19 @@ def sweep(
             run_lrs = jnp.asarray([m[0] for m in missing], jnp.float32)
             run_seeds = jnp.asarray([m[1] for m in missing], jnp.uint32)
             state = init_p(run_lrs, run_seeds)
-            losses, val_points, t_steady = [], [], None
+            chunk_out: list[np.ndarray] = []
+            val_points: list[np.ndarray] = []
+            t_steady = t_start
             for c in range(n_chunks):
                 state, chunk_losses = chunk_p(run_lrs, state, jnp.int32(c * chunk_len))
-                losses.append(np.asarray(chunk_losses))  # (R, chunk_len); syncs
+                chunk_out.append(np.asarray(chunk_losses))  # (R, chunk_len); syncs
                 if val_curve and c < n_chunks - 1:
                     val_points.append(np.asarray(eval_p(state)))
                 if c == 0:  # the first chunk includes compilation
                     t_steady = time.time()
                 if bar is not None:
                     bar.update(len(missing) * chunk_len)
-            losses = np.concatenate(losses, axis=1)
+            losses = np.concatenate(chunk_out, axis=1)
             val_losses = np.asarray(eval_p(state))
             elapsed = time.time() - t_start
             # Wall-clock seconds per training step of one run (its share of the

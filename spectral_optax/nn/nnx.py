@@ -139,6 +139,7 @@ class TransformerBlock(nnx.Module):
         self.causal = causal
         self.ln_attn = nnx.LayerNorm(features, **kw)
         out_init = scale_init(kernel_init, out_scale)
+        self.attn: nnx.Module
         if _check_qkv(qkv) == "fused":
             self.attn = FusedSelfAttention(features, num_heads, kernel_init=kernel_init,
                                            out_kernel_init=out_init, **kw)
@@ -183,19 +184,19 @@ def _scan_apply(blocks, h):
 def _set_blocks(model: nnx.Module, make_block, num_blocks: int, scan: bool, rngs: nnx.Rngs):
     """``model.blocks`` (stacked, layer axis 0) or ``model.blocks_0 .. blocks_{K-1}``
     (the Linen ``scan=False`` paths)."""
-    model.scan = scan
-    model.num_blocks = num_blocks
+    setattr(model, "scan", scan)  # noqa: B010 - any nnx.Module (mypy)
+    setattr(model, "num_blocks", num_blocks)  # noqa: B010
     if scan:
-        model.blocks = _stacked(make_block, num_blocks, rngs)
+        setattr(model, "blocks", _stacked(make_block, num_blocks, rngs))  # noqa: B010
     else:
         for k in range(num_blocks):
             setattr(model, f"blocks_{k}", make_block(rngs))
 
 
 def _apply_blocks(model: nnx.Module, h):
-    if model.scan:
-        return _scan_apply(model.blocks, h)
-    for k in range(model.num_blocks):
+    if getattr(model, "scan"):  # noqa: B009
+        return _scan_apply(getattr(model, "blocks"), h)  # noqa: B009
+    for k in range(getattr(model, "num_blocks")):  # noqa: B009
         h = getattr(model, f"blocks_{k}")(h)
     return h
 
