@@ -13,7 +13,7 @@ at every K, train and validation loss both reported.
         [--width W] [--batch-size B] [--dtype bfloat16]
 
 Default data: the embedded 8x8 digits, augmented (random translations of up
-to 2 pixels on a 12x12 canvas, random contrast, pixel noise; 8 copies per
+to 1 pixel on a 10x10 canvas, random contrast, pixel noise; 8 copies per
 training image; held-out digits for validation: ``lab.digits_augmented``), so
 the train loss stays clearly above 0 at the best LR. CIFAR-10/100 binary
 batches from a local directory with ``--data cifar100:DIR``.
@@ -35,7 +35,7 @@ from benchmarks import _depth
 from spectral_optax import lab
 
 PRESETS = {
-    "quick": {"depths": (2, 4), "width": 8, "batch_size": 16, "steps": 40, "num_lrs": 5,
+    "quick": {"depths": (2, 4), "width": 8, "batch_size": 32, "steps": 80, "num_lrs": 5,
               "optimizers": ("muon", "moga2"), "dtype": "float32"},
     "cpu": {"depths": (2, 4, 8), "width": 8, "batch_size": 32, "steps": 150, "num_lrs": 6,
             "optimizers": ("muon", "moga2", "adamw"), "dtype": "float32"},

@@ -144,7 +144,7 @@ def test_absorbed_equals_explicit_after_muon_steps():
 def test_digits_augmented_split_and_statistics():
     d = lab.digits_augmented(copies=2)
     plain = lab.digits()
-    assert d.input_shape == (12, 12, 1) and d.num_train == 2 * plain.num_train
+    assert d.input_shape == (10, 10, 1) and d.num_train == 2 * plain.num_train
     np.testing.assert_array_equal(d.val[1], plain.val[1])      # the same held-out digits
     np.testing.assert_array_equal(d.train[1][::2], plain.train[1])
     xt = _np(d.train[0])
@@ -159,8 +159,8 @@ def test_training_lowers_train_and_val_loss():
     data = lab.digits_augmented(copies=2)
     xb, _ = data.numpy_batch("train", [0])
     model = lab.Model.from_linen(L.ResNet(8, 1, 10), xb, "xent")
-    res = lab.sweep(lambda _: model, lambda lr: so.muon(lr), sizes=[1], lrs=[0.02], data=data,
-                    steps=40, batch_size=32, eval_examples=128, progress=False)
+    res = lab.sweep(lambda _: model, lambda lr: so.muon(lr), sizes=[1], lrs=[0.05], data=data,
+                    steps=80, batch_size=32, eval_examples=128, progress=False)
     (run,) = res.runs
-    assert run["train_loss"] < run["initial_loss"] - 0.4
-    assert run["val_loss"] < np.log(10) - 0.4
+    assert run["train_loss"] < run["initial_loss"] - 0.5
+    assert run["val_loss"] < np.log(10) - 0.5
