@@ -146,6 +146,8 @@ def _figure(summary, cfg, path):
     colors = plt.get_cmap("viridis")
     for ax, name in zip(axes[0], names):
         s = summary[name]
+        grid = lab.lr_grid(CENTERS[name], cfg["num_lrs"])
+        ax.set_ylim(grid[0] / 1.2, grid[-1] * 1.2)  # the whole LR grid: the band reads at a glance
         allv = [v for v in s["best_lr"].values() if v is not None and np.isfinite(v)]
         if allv:
             mid = float(np.exp(np.median(np.log(allv))))
