@@ -44,6 +44,7 @@ from spectral_optax._transforms.spectral import ScaleBySpectralNormState, scale_
 from spectral_optax._transforms.parametrization import lr_multiplier, scale_by_parametrization1
 from spectral_optax._transforms.row_column import scale_by_col_norm, scale_by_row_norm, scale_by_sign
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
+from spectral_optax._transforms.trust_ratio import scale_by_spectral_trust_ratio
 
 # Named optimizers.
 from spectral_optax._optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
@@ -101,6 +102,7 @@ __all__ = [
     "MUON_QUINTIC", "newton_schulz", "optimal_quintic", "polar_express_coefficients",
     "ScaleBySpectralNormState", "scale_by_spectral_norm", "lr_multiplier", "scale_by_parametrization1",
     "scale_by_col_norm", "scale_by_row_norm", "scale_by_sign", "orthogonalize_via_newton_schulz",
+    "scale_by_spectral_trust_ratio",
     "mup_adamw", "mup_sgd", "spectral_sgd", "muon", "MOGA_RULES", "moga", "moga_labels", "rescaled_adamw",
     "BRANCH_OUT_PATTERN", "decoupled_weight_decay", "depth_residual_scale", "depth_scaled_init",
     "residual_alpha", "scale_init",
