@@ -122,12 +122,17 @@ def scale_by_spectral_trust_ratio(
                 "params with the same tree structure: tx.update(grads, state, params)"
             )
         m_u, m_w = to_matrix(u, g), to_matrix(w, g)
+        m_u = m_u.astype(compute_dtype(m_u))
+        raw_u = _slice_norms(m_u)
         w_norm = jnp.maximum(_slice_norms(m_w), min_norm)
-        u_norm = jnp.maximum(_slice_norms(m_u), min_norm)
+        u_norm = jnp.maximum(raw_u, min_norm)
         k = trust_ratio_width(g, rule)
-        ratio = trust_coefficient * w_norm / (math.sqrt(k) * (u_norm + eps))
-        ratio = jnp.where((w_norm == 0) | (u_norm == 0), 1.0, ratio)
-        return from_matrix((m_u.astype(ratio.dtype) * ratio).astype(u.dtype), g)
+        # u * c ||W|| / (sqrt(k) (||u|| + eps)), evaluated as unit(u) * (c ||W|| / sqrt(k)) *
+        # (||u||_raw / (||u|| + eps)): every factor is finite for finite input (no 1e30 / 1e-30).
+        direction = m_u / jnp.where(raw_u > 0, raw_u, 1.0)
+        size = trust_coefficient * w_norm / math.sqrt(k) * (raw_u / jnp.where(u_norm + eps > 0, u_norm + eps, 1.0))
+        out = jnp.where((w_norm == 0) | (u_norm == 0), m_u, direction * size)
+        return from_matrix(out.astype(u.dtype), g)
 
     def update_fn(updates, state, params=None):
         if params is None:
