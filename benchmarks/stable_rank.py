@@ -86,7 +86,7 @@ def plot(results, width, path):
     styles = {"relu": ("C0", "random ReLU MLP"), "tanh": ("C1", "random tanh MLP"),
               "independent": ("C3", "B independent outer products")}
     for name, r in results.items():
-        color, label = styles.get(name, ("C2", name))
+        color, label = styles.get(name, ("C2", name.replace("_relu_w", ": ReLU MLP, width ")))
         b, m, s = np.array(r["batch_sizes"]), np.array(r["mean"]), np.array(r["std"])
         ax.plot(b, m, "-o", ms=3, color=color, label=label)
         ax.fill_between(b, np.maximum(m - s, 1e-3), m + s, color=color, alpha=0.2, lw=0)
@@ -135,12 +135,14 @@ def main(argv=None):
 
     print(f"stable rank of the hidden gradient, width {width}, {len(seeds)} seeds "
           f"(mean +- std over seeds)")
-    print(f"{'':28s} " + " ".join(f"{b:>9d}" for b in sorted({b for r in results.values()
-                                                                for b in r['batch_sizes']})))
     all_b = sorted({b for r in results.values() for b in r["batch_sizes"]})
-    for name, r in results.items():
-        row = {b: f"{m:5.2f}+-{s:<4.2f}"[:9] for b, m, s in zip(r["batch_sizes"], r["mean"], r["std"])}
-        print(f"{name:28s} " + " ".join(f"{row.get(b, ''):>9s}" for b in all_b))
+    print(f"{'B':>6s} " + " ".join(f"{name:>22s}" for name in results))
+    for b in all_b:
+        cells = []
+        for r in results.values():
+            k = r["batch_sizes"].index(b) if b in r["batch_sizes"] else None
+            cells.append(f"{r['mean'][k]:10.3g} +- {r['std'][k]:<8.2g}" if k is not None else "")
+        print(f"{b:6d} " + " ".join(f"{c:>22s}" for c in cells))
     if 1024 in batch_sizes:
         k = batch_sizes.index(1024)
         print(f"\nat B = 1024 (paper, width {PAPER['width']}): ReLU {results['relu']['mean'][k]:.2f} "
