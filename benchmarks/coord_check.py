@@ -122,7 +122,10 @@ def one_step(n: int, seeds, eta: float, *, gain: float = math.sqrt(2.0), d0: int
             else:
                 tree = lambda ws: {name: {"kernel": w} for name, w in zip(NAMES, ws)}
                 u, _ = trust[rule].update(tree(g), optax.EmptyState(), tree(W))
-                dW = [-tr_lr[i] * u[name]["kernel"] for i, name in enumerate(NAMES)]
+                # LARS: c_l = c / sqrt(k_l(64)) per layer; the corrected rule divides by sqrt(k_l(n))
+                # itself, so it gets c: both give c ||W|| / sqrt(k_l(64)) at n = 64.
+                mult = tr_lr if rule == "LARS" else [trust_coefficient] * 3
+                dW = [-mult[i] * u[name]["kernel"] for i, name in enumerate(NAMES)]
             W1 = [w + d for w, d in zip(W, dW)]
             (a1, a2, f0), (b1, b2, f1) = forward(W, x), forward(W1, x)
             f_head = forward(W[:2] + W1[2:], x)[2]

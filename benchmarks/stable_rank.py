@@ -41,38 +41,48 @@ PAPER = {"relu": 1.03, "tanh": 4.17, "independent": 53.75, "batch": 1024, "width
          "cifar10_width": 300, "cifar10_max": 10.0}
 
 
+def _curve_fn(width, kind, classes):
+    """A compiled ``(x, y, masks, key) -> stable ranks``, one per 0/1 mask (one batch size each)."""
+
+    def one(x, y, mask, key):
+        if kind == "independent":  # u_b v_b^T for the examples in the mask
+            g = diagnostics.outer_product_sum(key, width, width, mask.shape[0], example_weights=mask)
+        else:
+            g = diagnostics.mlp_batch_gradient(x, y, width=width, key=key, activation=kind, num_outputs=classes,
+                                               loss="xent", example_weights=mask)
+        return diagnostics.stable_rank(g, method="svd")
+
+    return jax.jit(jax.vmap(one, in_axes=(None, None, 0, None)))
+
+
 def network_curve(kind: str, width: int, batch_sizes, seeds, *, d0: int = 64, classes: int = 10):
-    """Stable rank of the hidden gradient per batch size, shape (seeds, len(batch_sizes))."""
-    out = np.zeros((len(seeds), len(batch_sizes)))
+    """Stable rank of the hidden gradient per batch size, shape (seeds, len(batch_sizes)).
+
+    Batch size B uses the first B examples of one fixed draw (nested batches); the
+    gradients of all batch sizes come from one compiled program (0/1 example masks)."""
     b_max = max(batch_sizes)
+    masks = (jnp.arange(b_max)[None, :] < jnp.asarray(batch_sizes)[:, None]).astype(jnp.float32)
+    fn = _curve_fn(width, kind, classes)
+    out = np.zeros((len(seeds), len(batch_sizes)))
     for i, seed in enumerate(seeds):
-        kx, ky, kw, ku = jax.random.split(jax.random.key(seed), 4)
+        kx, ky, kw = jax.random.split(jax.random.key(seed), 3)
         x = jax.random.normal(kx, (b_max, d0))
         y = jax.random.randint(ky, (b_max,), 0, classes)
-        for j, b in enumerate(batch_sizes):
-            if kind == "independent":
-                g = diagnostics.outer_product_sum(jax.random.fold_in(ku, b), width, width, b)
-            else:
-                g = diagnostics.mlp_batch_gradient(x[:b], y[:b], width=width, key=kw, activation=kind,
-                                                   num_outputs=classes, loss="xent")
-            out[i, j] = float(diagnostics.stable_rank(g, method="svd"))
+        out[i] = np.asarray(fn(x, y, masks, kw))
     return out
 
 
 def data_curve(data, width: int, batch_sizes, seeds):
-    """Same, ReLU MLP on real examples (random subsets of the training set)."""
+    """Same, ReLU MLP on real examples (nested random subsets of the training set)."""
     x_all, y_all = data.train
     batch_sizes = [b for b in batch_sizes if b <= data.num_train]
+    b_max = max(batch_sizes)
+    masks = (jnp.arange(b_max)[None, :] < jnp.asarray(batch_sizes)[:, None]).astype(jnp.float32)
+    fn = _curve_fn(width, "relu", data.num_outputs)
     out = np.zeros((len(seeds), len(batch_sizes)))
     for i, seed in enumerate(seeds):
-        perm = np.random.default_rng(seed).permutation(data.num_train)
-        kw = jax.random.key(1000 + seed)
-        for j, b in enumerate(batch_sizes):
-            idx = perm[:b]
-            g = diagnostics.mlp_batch_gradient(jnp.asarray(x_all[idx]), jnp.asarray(y_all[idx]), width=width,
-                                               key=kw, activation="relu", num_outputs=data.num_outputs,
-                                               loss="xent")
-            out[i, j] = float(diagnostics.stable_rank(g, method="svd"))
+        idx = np.random.default_rng(seed).permutation(data.num_train)[:b_max]
+        out[i] = np.asarray(fn(jnp.asarray(x_all[idx]), jnp.asarray(y_all[idx]), masks, jax.random.key(1000 + seed)))
     return batch_sizes, out
 
 

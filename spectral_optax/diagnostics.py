@@ -492,7 +492,7 @@ _ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh, "linear": lambda z: z}
 
 def mlp_batch_gradient(x, y=None, *, width: int, key, activation: str | Callable = "relu", layer: int = 1,
                        depth: int = 2, num_outputs: int = 1, loss: str = "neg_f",
-                       gain: float | None = None) -> jax.Array:
+                       gain: float | None = None, example_weights=None) -> jax.Array:
     """The batch gradient ``dL/dW_layer`` of a random bias-free MLP.
 
     MLP ``d_in -> width^depth -> num_outputs`` with Gaussian init of std
@@ -520,6 +520,10 @@ def mlp_batch_gradient(x, y=None, *, width: int, key, activation: str | Callable
       num_outputs: output width.
       loss: ``'neg_f'``, ``'mse'`` or ``'xent'``.
       gain: init gain (see above).
+      example_weights: optional ``(batch,)`` non-negative weights ``w_b``; the
+        loss becomes ``sum_b w_b l_b / sum_b w_b``. A 0/1 mask selects a
+        sub-batch with fixed shapes, so one compiled program serves every
+        batch size (e.g. under ``jax.vmap`` over masks).
 
     Returns:
       the gradient, shape ``(fan_in, fan_out)`` of that layer.
@@ -547,25 +551,33 @@ def mlp_batch_gradient(x, y=None, *, width: int, key, activation: str | Callable
             h = act(h @ w)
         f = h @ ws[-1]
         if loss == "neg_f":
-            return -jnp.mean(jnp.sum(f, axis=-1))
-        if loss == "xent":
-            return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(f, jnp.asarray(y, jnp.int32)))
-        t = jnp.asarray(y, f.dtype).reshape(f.shape)
-        return 0.5 * jnp.mean(jnp.sum((f - t) ** 2, axis=-1))
+            per_example = -jnp.sum(f, axis=-1)
+        elif loss == "xent":
+            per_example = optax.softmax_cross_entropy_with_integer_labels(f, jnp.asarray(y, jnp.int32))
+        else:
+            per_example = 0.5 * jnp.sum((f - jnp.asarray(y, f.dtype).reshape(f.shape)) ** 2, axis=-1)
+        if example_weights is None:
+            return jnp.mean(per_example)
+        wts = jnp.asarray(example_weights, f.dtype)
+        return jnp.sum(wts * per_example) / jnp.maximum(jnp.sum(wts), 1e-30)
 
     return jax.grad(loss_fn)(ws)[layer]
 
 
-def outer_product_sum(key, d_in: int, d_out: int, batch: int) -> jax.Array:
-    """``sum_b u_b v_b^T`` of ``batch`` independent standard Gaussian outer products.
+def outer_product_sum(key, d_in: int, d_out: int, batch: int, *, example_weights=None) -> jax.Array:
+    """``sum_b w_b u_b v_b^T`` of ``batch`` independent standard Gaussian outer products.
 
     The no-structure baseline of the stable-rank figure: its stable rank
     grows with ``batch`` toward that of a square Gaussian matrix,
     ``d^2 / (2 sqrt(d))^2 = d / 4`` for ``d_in = d_out = d``.
+    ``example_weights`` (``(batch,)``, default all 1): a 0/1 mask selects a
+    sub-batch with fixed shapes (see :func:`mlp_batch_gradient`).
     """
     ku, kv = jax.random.split(key)
     u = jax.random.normal(ku, (batch, d_in))
     v = jax.random.normal(kv, (batch, d_out))
+    if example_weights is not None:
+        u = u * jnp.asarray(example_weights, u.dtype)[:, None]
     return u.T @ v
 
 

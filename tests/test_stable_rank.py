@@ -135,3 +135,17 @@ def test_benchmark_smoke(tmp_path):
     assert all(v[0] == pytest.approx(1.0, abs=1e-3) for v in (r["mean"] for r in res["results"].values()))
     assert last["relu"] < last["tanh"] < last["independent"], last
     assert (tmp_path / "stable_rank.png").stat().st_size > 1000
+
+
+def test_example_weights_select_a_sub_batch():
+    x, y = gaussian(8, (12, 6)), np.arange(12) % 4
+    mask = (np.arange(12) < 5).astype(np.float32)
+    kw = {"width": 9, "key": jax.random.key(2), "activation": "tanh", "num_outputs": 4, "loss": "xent"}
+    np.testing.assert_allclose(dg.mlp_batch_gradient(x, y, example_weights=mask, **kw),
+                               dg.mlp_batch_gradient(x[:5], y[:5], **kw), rtol=1e-5, atol=1e-7)
+    full = np.asarray(dg.outer_product_sum(jax.random.key(3), 7, 5, 12), np.float64)
+    part = np.asarray(dg.outer_product_sum(jax.random.key(3), 7, 5, 12, example_weights=mask), np.float64)
+    ku, kv = jax.random.split(jax.random.key(3))
+    u, v = np.asarray(jax.random.normal(ku, (12, 7)), np.float64), np.asarray(jax.random.normal(kv, (12, 5)), np.float64)
+    np.testing.assert_allclose(full, u.T @ v, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(part, u[:5].T @ v[:5], rtol=1e-5, atol=1e-6)
