@@ -30,7 +30,7 @@ corrected rule's is flat.
                                      [--json PATH] [--out DIR]
 
 References: Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature
-Learning" (the one-step figure; the LARS / LAMB discussion).
+Learning" (the one-step figure; the LARS / LAMB discussion); docs/math.md section 2.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Frobenius change slope -1/2 (muP) and -1 (NTP).
                                           [--data digits|cifar10:DIR] [--json PATH] [--out DIR]
 
 References: Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature
-Learning", section 6.
+Learning", section 6; docs/math.md section 2.
 """
 
 from __future__ import annotations
@@ -233,7 +233,8 @@ def main(argv=None):
     print(f"figure: {fig}   ({elapsed:.1f} s)")
     _common.write_json(args.json, {
         "benchmark": "feature_learning", "quick": args.quick, "steps": steps, "lr": ETA, "data": data_name,
-        "num_train": args.num_train, "d0": int(x.shape[1]), "classes": classes, "seeds": len(seeds), "widths": widths, "fit_widths": fit_w,
+        "num_train": args.num_train, "d0": int(x.shape[1]), "classes": classes, "seeds": len(seeds),
+        "widths": widths, "fit_widths": fit_w,
         "results": table, "curves": curves, "checks": checks, "figure": fig,
         "seconds": elapsed, "environment": _common.environment(),
     })

@@ -165,7 +165,7 @@ def run_tree(label, d, blocks, reps):
     grads = hidden_kernel_tree(d, blocks, 1)
     n_params = sum(x.size for x in jax.tree.leaves(params))
 
-    ortho = so.orthogonalize_via_newton_schulz(scale="muon", coefficients="quintic", steps=STEPS)
+    ortho = so.orthogonalize_via_newton_schulz(scale="muon", ns_coefficients="quintic", ns_steps=STEPS)
     ortho_fn = jax.jit(lambda g: ortho.update(g, ortho.init(g))[0])
     a = jax.random.normal(jax.random.key(2), (2048, 2048), jnp.float32)
     b = jax.random.normal(jax.random.key(3), (2048, 2048), jnp.float32)

@@ -21,7 +21,7 @@ an interrupted run resumes where it stopped.
         [--widths 64,128,...] [--steps N] [--seeds K] [--muon-max-width N]
 
 References: Yang, Simon, Bernstein (2023); Yang et al. (2021), muP;
-REFERENCE.md section 2.
+docs/math.md section 2.
 """
 
 from __future__ import annotations

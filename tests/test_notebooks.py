@@ -12,7 +12,7 @@ import re
 import pytest
 
 nbclient = pytest.importorskip("nbclient", reason="install the 'test' extra (nbclient, ipykernel)")
-import nbformat
+import nbformat  # noqa: E402  (a dependency of nbclient)
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 EXPECT = {

@@ -146,6 +146,7 @@ def test_example_weights_select_a_sub_batch():
     full = np.asarray(dg.outer_product_sum(jax.random.key(3), 7, 5, 12), np.float64)
     part = np.asarray(dg.outer_product_sum(jax.random.key(3), 7, 5, 12, example_weights=mask), np.float64)
     ku, kv = jax.random.split(jax.random.key(3))
-    u, v = np.asarray(jax.random.normal(ku, (12, 7)), np.float64), np.asarray(jax.random.normal(kv, (12, 5)), np.float64)
+    u = np.asarray(jax.random.normal(ku, (12, 7)), np.float64)
+    v = np.asarray(jax.random.normal(kv, (12, 5)), np.float64)
     np.testing.assert_allclose(full, u.T @ v, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(part, u[:5].T @ v[:5], rtol=1e-5, atol=1e-6)

@@ -2,7 +2,7 @@
 
 For a matrix ``G = U S V^T`` (thin SVD) the orthogonal polar factor ``U V^T``
 is the steepest-descent direction under the spectral norm (the RMS->RMS
-dual map, REFERENCE.md section 3). It is approximated without an SVD by
+dual map, docs/math.md section 3). It is approximated without an SVD by
 iterating an odd quintic on the Frobenius-normalized matrix::
 
     X_0 = G / (||G||_F * safety)                 (so every sigma_i(X_0) <= 1)
@@ -33,7 +33,7 @@ References:
   networks" (modded-nanogpt).
   Amsel, Persson, Musco, Gower (2025), "The Polar Express: Optimal Matrix Sign
   Methods and Their Application to the Muon Algorithm", arXiv:2505.16932.
-  REFERENCE.md section 4.
+  docs/math.md section 4.
 """
 
 from __future__ import annotations
@@ -370,7 +370,7 @@ def newton_schulz(
 
     References:
       Jordan et al. (2024), Muon; Amsel et al. (2025), The Polar Express.
-      REFERENCE.md section 4.
+      docs/math.md section 4.
     """
     x = jnp.asarray(x)
     if x.ndim < 2:

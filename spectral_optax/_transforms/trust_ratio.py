@@ -41,17 +41,14 @@ import jax.numpy as jnp
 import optax
 
 from spectral_optax._geometry import Geometry, GeometryLike, as_geometry_map, from_matrix, map_with_geometry, to_matrix
-from spectral_optax._numerics import compute_dtype, safe_max_abs
+from spectral_optax._numerics import compute_dtype, safe_norm
 
 RULES = ("spectral", "lars")
 
 
 def _slice_norms(m):
     """Frobenius norm of each slice of ``(slices, d_in, d_out)``, shape ``(slices, 1, 1)`` (overflow-safe)."""
-    m = m.astype(compute_dtype(m))
-    s = safe_max_abs(m, axis=(-2, -1))
-    y = m / s
-    return s * jnp.sqrt(jnp.sum(y * y, axis=(-2, -1), keepdims=True))
+    return safe_norm(m, axis=(-2, -1))[:, None, None]
 
 
 def trust_ratio_width(geometry: Geometry, rule: str) -> int:
