@@ -9,7 +9,8 @@
 # optimizer_speed_gpu.log / .json, width_transfer_quick.log / .json, and
 # summary.txt with every step's exit status. Each step has a time limit
 # (SUITE_TIMEOUT, BENCH_TIMEOUT, LAB_TIMEOUT seconds) so that the whole run
-# fits in a short device lease; set SKIP_LAB=1 to leave the lab benchmark out.
+# fits in a short device lease; set SKIP_LAB=1 to leave the lab benchmark out,
+# PYTEST_ARGS for extra pytest options (e.g. "--deselect tests/test_notebooks.py").
 # The exit status is that of the test suite.
 set -u
 if [ $# -lt 1 ]; then
@@ -45,7 +46,7 @@ status() { echo "$1: exit $2 ($(date -u +%H:%M:%S))" | tee -a "$LOGDIR/summary.t
 # 1. The whole suite (pytest-xdist when installed).
 XDIST=()
 if "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n "$WORKERS"); fi
-timeout "$SUITE_TIMEOUT" "$PY" -m pytest -q -rfE "${XDIST[@]}" --junitxml="$LOGDIR/junit.xml" tests \
+timeout "$SUITE_TIMEOUT" "$PY" -m pytest -q -rfE "${XDIST[@]}" ${PYTEST_ARGS:-} --junitxml="$LOGDIR/junit.xml" tests \
   > "$LOGDIR/pytest.log" 2>&1
 SUITE=$?
 status pytest "$SUITE"
