@@ -74,8 +74,12 @@ def family(data, width: int, scaled: bool, dtype=None):
 
     def make(depth: int):
         module = ResidualMLP(
-            features=width, num_blocks=depth, out_features=data.num_outputs,
-            alpha=None if scaled else 1.0, vocab_size=vocab, dtype=dtype,
+            features=width,
+            num_blocks=depth,
+            out_features=data.num_outputs,
+            alpha=None if scaled else 1.0,
+            vocab_size=vocab,
+            dtype=dtype,
         )
         return lab.Model.from_linen(module, example_x, "xent")
 
@@ -88,14 +92,17 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="write the results as JSON to this path")
     p.add_argument("--out", default="out", help="directory for figures and the results JSONL")
     p.add_argument("--data", default="text", help="lab data spec: text | digits | cifar10:DIR")
-    p.add_argument("--optimizers", default=None,
-                   help="comma-separated subset of adamw,muon,moga1.5,moga2,moga2.5")
+    p.add_argument("--optimizers", default=None, help="comma-separated subset of adamw,muon,moga1.5,moga2,moga2.5")
     p.add_argument("--depths", default=None, help="comma-separated depths (overrides the preset)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None, help="seeds (default: 1; 3 in the gpu preset)")
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                   help="numerics of the models and of Muon's iteration, the same on every backend")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="numerics of the models and of Muon's iteration, the same on every backend",
+    )
     args = p.parse_args(argv)
 
     preset = args.preset or ("quick" if args.quick else "default")
@@ -128,16 +135,28 @@ def main(argv=None):
         for form in ("unscaled", "scaled"):
             key = f"{name}/{form}"
             with numerics():  # traced and run at the chosen precision
-                res = _sweep(family(data, cfg["width"], scaled=form == "scaled", dtype=model_dtype),
-                             factory, cfg, grid, data, seeds, results_path, key)
+                res = _sweep(
+                    family(data, cfg["width"], scaled=form == "scaled", dtype=model_dtype),
+                    factory,
+                    cfg,
+                    grid,
+                    data,
+                    seeds,
+                    results_path,
+                    key,
+                )
             results[key] = res
             s = res.summary()
             summary[key] = s
             best = ", ".join(f"K={k}: {v:.3g}" for k, v in s["best_lr"].items())
-            print(f"[{time.time() - t0:6.0f}s] {key:18s} spread {s['spread_steps']:.2f} steps; "
-                  f"best LR {best}; at edge {s['at_edge']}; diverged {s['diverged']}", flush=True)
-        _figure(name, results[f"{name}/unscaled"], results[f"{name}/scaled"],
-                os.path.join(args.out, f"depth_{name}.png"))
+            print(
+                f"[{time.time() - t0:6.0f}s] {key:18s} spread {s['spread_steps']:.2f} steps; "
+                f"best LR {best}; at edge {s['at_edge']}; diverged {s['diverged']}",
+                flush=True,
+            )
+        _figure(
+            name, results[f"{name}/unscaled"], results[f"{name}/scaled"], os.path.join(args.out, f"depth_{name}.png")
+        )
 
     _best_lr_figure(summary, os.path.join(args.out, "depth_best_lr.png"))
     table = _table(summary, cfg["depths"])
@@ -145,8 +164,15 @@ def main(argv=None):
     payload = {
         "benchmark": "depth_transfer",
         "preset": preset,
-        "config": dict(cfg, data=data.name, optimizers=list(opts), seeds=seeds, dtype=args.dtype,
-                       lr_centers={k: v[1] for k, v in opts.items()}, base_blocks=2),
+        "config": dict(
+            cfg,
+            data=data.name,
+            optimizers=list(opts),
+            seeds=seeds,
+            dtype=args.dtype,
+            lr_centers={k: v[1] for k, v in opts.items()},
+            base_blocks=2,
+        ),
         "runs": [r for res in results.values() for r in res.runs],
         "summary": summary,
         "table": table,
@@ -163,9 +189,20 @@ def main(argv=None):
 
 
 def _sweep(make, factory, cfg, grid, data, seeds, results_path, key):
-    return lab.sweep(make, factory, sizes=cfg["depths"], lrs=grid, data=data, steps=cfg["steps"],
-                     batch_size=cfg["batch_size"], seeds=list(range(seeds)), results=results_path,
-                     name=key, size_name="depth", progress=False)
+    return lab.sweep(
+        make,
+        factory,
+        sizes=cfg["depths"],
+        lrs=grid,
+        data=data,
+        steps=cfg["steps"],
+        batch_size=cfg["batch_size"],
+        seeds=list(range(seeds)),
+        results=results_path,
+        name=key,
+        size_name="depth",
+        progress=False,
+    )
 
 
 def _figure(name, unscaled, scaled, path):
@@ -175,18 +212,20 @@ def _figure(name, unscaled, scaled, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2), sharey=True)
-    for ax, res, label in ((axes[0], unscaled, "unscaled: h + f(h)"),
-                           (axes[1], scaled, "scaled: h + (2/K) f(h)")):
+    for ax, res, label in ((axes[0], unscaled, "unscaled: h + f(h)"), (axes[1], scaled, "scaled: h + (2/K) f(h)")):
         s = res.summary()
         lab.plot_sweep(res, ax=ax, title=f"{name}, {label}\nspread {s['spread_steps']:.2f} steps")
     # A common y-range that shows the optima (diverged / huge losses are clipped).
-    finite = [r["train_loss"] for res in (unscaled, scaled) for r in res.runs
-              if r.get("train_loss") is not None and np.isfinite(r["train_loss"])]
+    finite = [
+        r["train_loss"]
+        for res in (unscaled, scaled)
+        for r in res.runs
+        if r.get("train_loss") is not None and np.isfinite(r["train_loss"])
+    ]
     if finite:
         lo = min(finite)
         # Show every depth's optimum (the unscaled deep ones sit high), clip the divergence.
-        best = [v for res in (unscaled, scaled) for v in res.summary()["loss_at_best"].values()
-                if np.isfinite(v)]
+        best = [v for res in (unscaled, scaled) for v in res.summary()["loss_at_best"].values() if np.isfinite(v)]
         hi = max(lo + 1.5, min(max(best) + 0.4, lo + 6.0))
         axes[0].set_ylim(lo - 0.05 * abs(lo), hi)
     fig.tight_layout()
@@ -212,14 +251,12 @@ def _best_lr_figure(summary, path):
                 continue
             ks = sorted(s["best_lr"])
             lrs = [s["best_lr"][k] for k in ks]
-            ax.plot(ks, lrs, style, marker="o", ms=3, color=colors(i),
-                    label=f"{name} {form} ({s['spread_steps']:.1f})")
+            ax.plot(ks, lrs, style, marker="o", ms=3, color=colors(i), label=f"{name} {form} ({s['spread_steps']:.1f})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xlabel("depth K (blocks)")
     ax.set_ylabel("best learning rate")
-    ax.set_title("best LR vs depth: alpha = 2/K (solid) vs 1 (dashed)\n(legend: spread in grid steps)",
-                 fontsize=9)
+    ax.set_title("best LR vs depth: alpha = 2/K (solid) vs 1 (dashed)\n(legend: spread in grid steps)", fontsize=9)
     ax.grid(alpha=0.3, which="both", lw=0.4)
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()

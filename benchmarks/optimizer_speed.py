@@ -76,8 +76,7 @@ def orthogonalizer(**kw):
 
 def gpu_optimizers():
     """The accelerator preset's optimizers: both Muons at 5 quintic steps."""
-    muon = lambda dtype: so.muon(LR, scale="muon", ns_coefficients="quintic", ns_steps=STEPS,
-                                 compute_dtype=dtype)
+    muon = lambda dtype: so.muon(LR, scale="muon", ns_coefficients="quintic", ns_steps=STEPS, compute_dtype=dtype)
     return {
         "optax.adamw": optax.adamw(LR),
         "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
@@ -145,8 +144,7 @@ def orthogonality(params, grads, configs=None):
     block = {"block_0": grads["block_0"]}
     pblock = {"block_0": params["block_0"]}
     bases = {
-        k: np.linalg.svd(np.asarray(v["kernel"], np.float64), full_matrices=False)
-        for k, v in grads["block_0"].items()
+        k: np.linalg.svd(np.asarray(v["kernel"], np.float64), full_matrices=False) for k, v in grads["block_0"].items()
     }
     out = {}
     for name, tx in (configs or _default_quality_configs()).items():
@@ -220,11 +218,23 @@ def quality_table(size=256):
             d = np.diag(proj)[:k]
             lo, hi = min(lo, d.min()), max(hi, d.max())
             resid = max(resid, np.linalg.norm(proj[:k, :k] - np.diag(d), ord=2))
-        rows.append({"schedule": label, "dtype": dtype, "min": lo, "max": hi, "max_abs_dev": max(1 - lo, hi - 1), "resid": resid})
+        rows.append(
+            {
+                "schedule": label,
+                "dtype": dtype,
+                "min": lo,
+                "max": hi,
+                "max_abs_dev": max(1 - lo, hi - 1),
+                "resid": resid,
+            }
+        )
     print(f"\n== orthogonality (sizes {list(shapes.values())}, cond 1/1e2/1e4, sigma >= 1e-2 max) ==")
     print(f"  {'schedule':<24} {'dtype':<9} {'min':>7} {'max':>7} {'max|d-1|':>9} {'resid':>7}")
     for r in rows:
-        print(f"  {r['schedule']:<24} {r['dtype']:<9} {r['min']:>7.4f} {r['max']:>7.4f} {r['max_abs_dev']:>9.4f} {r['resid']:>7.4f}")
+        print(
+            f"  {r['schedule']:<24} {r['dtype']:<9} {r['min']:>7.4f} {r['max']:>7.4f} "
+            f"{r['max_abs_dev']:>9.4f} {r['resid']:>7.4f}"
+        )
     return rows
 
 
@@ -235,7 +245,7 @@ def run_tree(label, d, blocks, reps):
     grads = hidden_kernel_tree(d, blocks, 1)
     n_params = sum(x.size for x in jax.tree.leaves(params))
 
-    ortho = so.orthogonalize_via_newton_schulz(scale="muon", coefficients="quintic", steps=STEPS)
+    ortho = so.orthogonalize_via_newton_schulz(scale="muon", ns_coefficients="quintic", ns_steps=STEPS)
     ortho_fn = jax.jit(lambda g: ortho.update(g, ortho.init(g))[0])
     a = jax.random.normal(jax.random.key(2), (2048, 2048), jnp.float32)
     b = jax.random.normal(jax.random.key(3), (2048, 2048), jnp.float32)
@@ -273,7 +283,9 @@ def run_tree(label, d, blocks, reps):
     }
     print(f"  {'optimizer':<34} {'median step (s)':>15} {'/ contrib.muon':>14} {'/ adamw':>8}")
     for n in names:
-        print(f"  {n:<34} {med[n]:>15.4f} {result['ratio_to_contrib_muon'][n]:>14.3f} {result['ratio_to_adamw'][n]:>8.2f}")
+        print(
+            f"  {n:<34} {med[n]:>15.4f} {result['ratio_to_contrib_muon'][n]:>14.3f} {result['ratio_to_adamw'][n]:>8.2f}"
+        )
     print(
         f"  orthogonalization: {throughput['achieved_gflops']:.1f} GFLOP/s achieved "
         f"({throughput['standard_equivalent_gflops']:.1f} standard-equivalent), plain 2048^3 matmul "
@@ -338,14 +350,20 @@ def run_gpu_tree(label, d, blocks, reps, matmul_n):
     }
     print(f"  {'optimizer':<30} {'median step (ms)':>16} {'/ contrib.muon':>14} {'/ adamw':>8}")
     for n in names:
-        print(f"  {n:<30} {1e3 * med[n]:>16.3f} {result['ratio_to_contrib_muon'][n]:>14.3f} "
-              f"{result['ratio_to_adamw'][n]:>8.2f}")
-    print(f"  orthogonalization alone (bf16): {1e3 * ortho_med:.3f} ms = {rate:.3f} TFLOP/s standard-equivalent; "
-          f"bf16 {matmul_n}^3 matmul {ceiling:.3f} TFLOP/s -> {100 * rate / ceiling:.0f}%")
+        print(
+            f"  {n:<30} {1e3 * med[n]:>16.3f} {result['ratio_to_contrib_muon'][n]:>14.3f} "
+            f"{result['ratio_to_adamw'][n]:>8.2f}"
+        )
+    print(
+        f"  orthogonalization alone (bf16): {1e3 * ortho_med:.3f} ms = {rate:.3f} TFLOP/s standard-equivalent; "
+        f"bf16 {matmul_n}^3 matmul {ceiling:.3f} TFLOP/s -> {100 * rate / ceiling:.0f}%"
+    )
     for n, o in result["orthogonality"].items():
-        print(f"  factor singular values {n}: [{o['min_above_1e-2']:.4f}, {o['max_above_1e-2']:.4f}] "
-              f"(gradient sigma >= 1e-2 max), all [{min(v['min'] for v in o['per_leaf'].values()):.4f}, "
-              f"{max(v['max'] for v in o['per_leaf'].values()):.4f}]")
+        print(
+            f"  factor singular values {n}: [{o['min_above_1e-2']:.4f}, {o['max_above_1e-2']:.4f}] "
+            f"(gradient sigma >= 1e-2 max), all [{min(v['min'] for v in o['per_leaf'].values()):.4f}, "
+            f"{max(v['max'] for v in o['per_leaf'].values()):.4f}]"
+        )
     return result
 
 
@@ -374,12 +392,16 @@ def gpu_targets(trees):
             # gradients have singular values down to ~0 above 1e-2 of the largest that
             # no 5-step quintic lifts to 0.6 (optax.contrib.muon alike), so the range
             # over all four matrices is reported beside it.
-            "quintic_bf16_range_fc": [quality["spectral_optax.muon[quintic, bf16]"]["per_leaf"]["fc"][k]
-                                      for k in ("min_above_1e-2", "max_above_1e-2")],
-            "quintic_bf16_range_all": [quality["spectral_optax.muon[quintic, bf16]"][k]
-                                       for k in ("min_above_1e-2", "max_above_1e-2")],
+            "quintic_bf16_range_fc": [
+                quality["spectral_optax.muon[quintic, bf16]"]["per_leaf"]["fc"][k]
+                for k in ("min_above_1e-2", "max_above_1e-2")
+            ],
+            "quintic_bf16_range_all": [
+                quality["spectral_optax.muon[quintic, bf16]"][k] for k in ("min_above_1e-2", "max_above_1e-2")
+            ],
             "polar_express_bf16_max_abs_dev": quality["spectral_optax.muon[polar_express 8, bf16]"][
-                "max_abs_sigma_minus_1_above_1e-2"],
+                "max_abs_sigma_minus_1_above_1e-2"
+            ],
         }
         t["met"] = {
             "orthogonalization_fraction": t["orthogonalization_fraction_of_bf16_matmul"]
@@ -426,10 +448,15 @@ def main_gpu(args):
 
 def main(argv=None):
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=None,
-                   help="timed rounds (default 7, 3 with --quick; preset gpu: 30, at least 20)")
-    p.add_argument("--preset", default="cpu", choices=("cpu", "gpu"),
-                   help="cpu (default): the 2-core presets; gpu: GPT-style trees sized for one accelerator")
+    p.add_argument(
+        "--reps", type=int, default=None, help="timed rounds (default 7, 3 with --quick; preset gpu: 30, at least 20)"
+    )
+    p.add_argument(
+        "--preset",
+        default="cpu",
+        choices=("cpu", "gpu"),
+        help="cpu (default): the 2-core presets; gpu: GPT-style trees sized for one accelerator",
+    )
     args = p.parse_args(argv)
     if args.preset == "gpu":
         return main_gpu(args)
@@ -457,8 +484,12 @@ def main(argv=None):
             "matmul_fraction_target": 0.8,
             "orthogonality_ours": res["orthogonality"]["spectral_optax.muon"]["max_abs_sigma_minus_1"],
             "orthogonality_contrib": res["orthogonality"]["optax.contrib.muon"]["max_abs_sigma_minus_1"],
-            "orthogonality_ours_above_1e-2": res["orthogonality"]["spectral_optax.muon"]["max_abs_sigma_minus_1_above_1e-2"],
-            "orthogonality_contrib_above_1e-2": res["orthogonality"]["optax.contrib.muon"]["max_abs_sigma_minus_1_above_1e-2"],
+            "orthogonality_ours_above_1e-2": res["orthogonality"]["spectral_optax.muon"][
+                "max_abs_sigma_minus_1_above_1e-2"
+            ],
+            "orthogonality_contrib_above_1e-2": res["orthogonality"]["optax.contrib.muon"][
+                "max_abs_sigma_minus_1_above_1e-2"
+            ],
         }
         moga = {n: r for n, r in res["ratio_to_adamw"].items() if "moga" in n}
         if moga:

@@ -29,7 +29,7 @@ parameters). Budgets are by backend: on a CPU Muon stops at width 256
 or TPU nothing is skipped. ``--preset gpu``: the default widths with 3 seeds.
 
 References: Yang, Simon, Bernstein (2023); Yang et al. (2021), muP;
-REFERENCE.md section 2.
+docs/math.md section 2.
 """
 
 from __future__ import annotations
@@ -49,7 +49,13 @@ BASE_WIDTH = 64
 PRESETS = {
     # widths, LR-grid points, steps, seeds; Muon's widest model on a CPU
     "quick": {"widths": [64, 128, 256, 512], "num_lrs": 8, "steps": 150, "seeds": 1, "cpu_muon_max": 256},
-    "default": {"widths": [64, 128, 256, 512, 1024, 2048], "num_lrs": 10, "steps": 300, "seeds": 1, "cpu_muon_max": 512},
+    "default": {
+        "widths": [64, 128, 256, 512, 1024, 2048],
+        "num_lrs": 10,
+        "steps": 300,
+        "seeds": 1,
+        "cpu_muon_max": 512,
+    },
     "gpu": {"widths": [64, 128, 256, 512, 1024, 2048], "num_lrs": 10, "steps": 300, "seeds": 3, "cpu_muon_max": 512},
 }
 
@@ -88,12 +94,20 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--context", type=int, default=8)
-    p.add_argument("--muon-max-width", type=int, default=None,
-                   help="widest Muon model (default: 256 quick / 512 on a CPU, where Newton-Schulz is "
-                        "O(n^3) per step; no limit on a GPU/TPU)")
+    p.add_argument(
+        "--muon-max-width",
+        type=int,
+        default=None,
+        help="widest Muon model (default: 256 quick / 512 on a CPU, where Newton-Schulz is "
+        "O(n^3) per step; no limit on a GPU/TPU)",
+    )
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                   help="numerics of the models and of Muon's iteration, the same on every backend")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="numerics of the models and of Muon's iteration, the same on every backend",
+    )
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
 
@@ -114,8 +128,15 @@ def main(argv=None):
     depth = 2 if residual else 1
 
     def family_for(init):
-        return lab.mlp_family(data, vary="width", depth=depth, residual=residual,
-                              alpha=0.5 if residual else None, init=init, compute_dtype=model_dtype)
+        return lab.mlp_family(
+            data,
+            vary="width",
+            depth=depth,
+            residual=residual,
+            alpha=0.5 if residual else None,
+            init=init,
+            compute_dtype=model_dtype,
+        )
 
     specs = optimizer_specs(family_for, ns_dtype=ns_dtype)
     if args.optimizers:
@@ -125,11 +146,14 @@ def main(argv=None):
             raise SystemExit(f"unknown or unavailable optimizers {unknown}; have {list(specs)}")
         specs = {k: v for k, v in specs.items() if k in wanted}
     results_path = os.path.join(args.out, "width_transfer.jsonl")
-    tag = f"{args.model}/ctx{args.context}" + ("/quick" if quick else "") + (
-        "/bf16" if args.dtype == "bfloat16" else "")
-    print(f"width transfer: data={data.name}, model={args.model}, widths={widths}, "
-          f"{num_lrs} LRs (x2), {steps} steps, batch {batch_size}, seeds {seeds}, {args.dtype}, "
-          f"backend {_common.environment()['backend']}")
+    tag = (
+        f"{args.model}/ctx{args.context}" + ("/quick" if quick else "") + ("/bf16" if args.dtype == "bfloat16" else "")
+    )
+    print(
+        f"width transfer: data={data.name}, model={args.model}, widths={widths}, "
+        f"{num_lrs} LRs (x2), {steps} steps, batch {batch_size}, seeds {seeds}, {args.dtype}, "
+        f"backend {_common.environment()['backend']}"
+    )
     t0 = time.time()
     results, summaries, skipped = {}, {}, {}
     for name, (init, center, factory) in specs.items():
@@ -140,18 +164,34 @@ def main(argv=None):
                 skipped[name] = [w for w in widths if w > muon_max]
         t = time.time()
         with numerics():  # traced and run at the chosen precision
-            res = lab.sweep(family_for(init), factory, ws, lab.lr_grid(center, num_lrs), data,
-                            steps=steps, batch_size=batch_size, seeds=seeds, results=results_path,
-                            name=name, tag=tag, size_name="width", progress=not args.no_progress)
+            res = lab.sweep(
+                family_for(init),
+                factory,
+                ws,
+                lab.lr_grid(center, num_lrs),
+                data,
+                steps=steps,
+                batch_size=batch_size,
+                seeds=seeds,
+                results=results_path,
+                name=name,
+                tag=tag,
+                size_name="width",
+                progress=not args.no_progress,
+            )
         results[name] = res
         summaries[name] = s = res.summary()
-        print(f"\n{name} ({init} init, {time.time() - t:.0f} s): spread {s['spread_steps']:.2f} "
-              f"grid steps over widths {ws[0]}..{ws[-1]}")
+        print(
+            f"\n{name} ({init} init, {time.time() - t:.0f} s): spread {s['spread_steps']:.2f} "
+            f"grid steps over widths {ws[0]}..{ws[-1]}"
+        )
         print("  width    best LR   loss@best  diverged" + ("  (edge)" if s["at_edge"] else ""))
         for w in ws:
             edge = "  at grid edge" if w in s["at_edge"] else ""
-            print(f"  {w:5d}  {s['best_lr'][w]:9.3g}  {s['loss_at_best'][w]:9.4f}  "
-                  f"{s['diverged'][w]:8d}{edge}", flush=True)
+            print(
+                f"  {w:5d}  {s['best_lr'][w]:9.3g}  {s['loss_at_best'][w]:9.4f}  {s['diverged'][w]:8d}{edge}",
+                flush=True,
+            )
     elapsed = time.time() - t0
 
     print("\nsummary (spread in grid steps of x2; loss = train loss at the best LR):")
@@ -163,20 +203,39 @@ def main(argv=None):
     if skipped:
         print(f"  (not run, {'--muon-max-width' if args.muon_max_width else 'CPU budget'}: {skipped})")
     fig = os.path.join(args.out, "width_transfer.png")
-    lab.plot_sweeps(results, fig, suptitle=f"width transfer: {data.name}, {args.model}, "
-                    f"{steps} steps x batch {batch_size}")
+    lab.plot_sweeps(
+        results, fig, suptitle=f"width transfer: {data.name}, {args.model}, {steps} steps x batch {batch_size}"
+    )
     print(f"figure: {fig}   results: {results_path}   ({elapsed:.0f} s)")
-    _common.write_json(args.json, {
-        "benchmark": "width_transfer", "preset": preset, "quick": quick, "dtype": args.dtype,
-        "data": data.name, "model": args.model,
-        "widths": widths, "num_lrs": num_lrs, "steps": steps, "batch_size": batch_size,
-        "seeds": seeds, "grid_ratio": 2.0, "skipped_widths": skipped,
-        "runs": [r for res in results.values() for r in res.runs],
-        "summary": {k: {kk: s[kk] for kk in ("best_lr", "spread_steps", "loss_at_best",
-                                              "best_lr_grid", "at_edge", "diverged")}
-                    for k, s in summaries.items()},
-        "figure": fig, "seconds": elapsed, "environment": _common.environment(),
-    })
+    _common.write_json(
+        args.json,
+        {
+            "benchmark": "width_transfer",
+            "preset": preset,
+            "quick": quick,
+            "dtype": args.dtype,
+            "data": data.name,
+            "model": args.model,
+            "widths": widths,
+            "num_lrs": num_lrs,
+            "steps": steps,
+            "batch_size": batch_size,
+            "seeds": seeds,
+            "grid_ratio": 2.0,
+            "skipped_widths": skipped,
+            "runs": [r for res in results.values() for r in res.runs],
+            "summary": {
+                k: {
+                    kk: s[kk]
+                    for kk in ("best_lr", "spread_steps", "loss_at_best", "best_lr_grid", "at_edge", "diverged")
+                }
+                for k, s in summaries.items()
+            },
+            "figure": fig,
+            "seconds": elapsed,
+            "environment": _common.environment(),
+        },
+    )
     return summaries
 
 

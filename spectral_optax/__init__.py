@@ -17,6 +17,31 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from spectral_optax import initializers
+
+# Depth: inverse-depth residual scaling.
+from spectral_optax._depth import (
+    BRANCH_OUT_PATTERN,
+    depth_residual_scale,
+    depth_scaled_init,
+    residual_alpha,
+    scale_init,
+)
+from spectral_optax._describe import describe
+from spectral_optax._duals.polar import (
+    MUON_QUINTIC,
+    newton_schulz,
+    optimal_quintic,
+    polar_express_coefficients,
+)
+
+# Dual maps and orthogonalization (pure functions on the canonical view).
+from spectral_optax._duals.row_column import (
+    column_normalize,
+    lp_dual_direction,
+    row_normalize,
+)
+
 # Geometry: the single source of truth for every parameter's layout.
 from spectral_optax._geometry import (
     Geometry,
@@ -29,39 +54,38 @@ from spectral_optax._geometry import (
     map_with_geometry,
     to_matrix,
 )
-
-# Dual maps and orthogonalization (pure functions on the canonical view).
-from spectral_optax._duals.row_column import column_normalize, lp_dual_direction, row_normalize
-from spectral_optax._duals.polar import (
-    MUON_QUINTIC,
-    newton_schulz,
-    optimal_quintic,
-    polar_express_coefficients,
+from spectral_optax._optimizers.moga import (
+    MOGA_RULES,
+    moga,
+    moga_labels,
+    rescaled_adamw,
 )
-
-# Transforms.
-from spectral_optax._transforms.spectral import ScaleBySpectralNormState, scale_by_spectral_norm
-from spectral_optax._transforms.parametrization import lr_multiplier, scale_by_parametrization1
-from spectral_optax._transforms.row_column import scale_by_col_norm, scale_by_row_norm, scale_by_sign
-from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
+from spectral_optax._optimizers.muon import MUON_ROUTES, muon
 
 # Named optimizers.
 from spectral_optax._optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
-from spectral_optax._optimizers.muon import muon
-from spectral_optax._optimizers.moga import MOGA_RULES, moga, moga_labels, rescaled_adamw
-
-# Depth: inverse-depth residual scaling.
-from spectral_optax._depth import (
-    BRANCH_OUT_PATTERN,
-    decoupled_weight_decay,
-    depth_residual_scale,
-    depth_scaled_init,
-    residual_alpha,
-    scale_init,
+from spectral_optax._transforms.momentum import EmaMomentumState, ema_momentum
+from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
+from spectral_optax._transforms.parametrization import (
+    lr_multiplier,
+    scale_by_parametrization1,
+)
+from spectral_optax._transforms.row_column import (
+    scale_by_col_norm,
+    scale_by_row_norm,
+    scale_by_sign,
 )
 
-from spectral_optax import initializers
-from spectral_optax._describe import describe
+# Transforms.
+from spectral_optax._transforms.spectral import (
+    ScaleBySpectralNormState,
+    scale_by_fan_out_rms,
+    scale_by_spectral_norm,
+)
+from spectral_optax._transforms.weight_decay import (
+    DecoupledWeightDecayState,
+    decoupled_weight_decay,
+)
 
 __version__ = "0.1.0"
 
@@ -101,7 +125,8 @@ __all__ = [
     "MUON_QUINTIC", "newton_schulz", "optimal_quintic", "polar_express_coefficients",
     "ScaleBySpectralNormState", "scale_by_spectral_norm", "lr_multiplier", "scale_by_parametrization1",
     "scale_by_col_norm", "scale_by_row_norm", "scale_by_sign", "orthogonalize_via_newton_schulz",
-    "mup_adamw", "mup_sgd", "spectral_sgd", "muon", "MOGA_RULES", "moga", "moga_labels", "rescaled_adamw",
+    "EmaMomentumState", "ema_momentum", "scale_by_fan_out_rms", "DecoupledWeightDecayState", "decoupled_weight_decay",
+    "mup_adamw", "mup_sgd", "spectral_sgd", "MUON_ROUTES", "muon", "MOGA_RULES", "moga", "moga_labels", "rescaled_adamw",
     "BRANCH_OUT_PATTERN", "decoupled_weight_decay", "depth_residual_scale", "depth_scaled_init",
     "residual_alpha", "scale_init",
     "initializers", "describe",

@@ -64,7 +64,7 @@ too). Add the decay after it with :func:`decoupled_weight_decay`::
     )
 
 References:
-  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling (REFERENCE.md
+  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling (docs/math.md
   section 5). Related: Depth-muP (1/sqrt(L) branches), CompleteP (1/L).
 """
 
@@ -73,7 +73,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -82,14 +82,13 @@ import optax
 from spectral_optax._geometry import (
     GeometryError,
     GeometryLike,
-    as_geometry_map,
+    label_by_geometry,
+    label_by_path,
     path_str,
 )
 
 __all__ = [
     "BRANCH_OUT_PATTERN",
-    "DecoupledWeightDecayState",
-    "decoupled_weight_decay",
     "depth_residual_scale",
     "depth_scaled_init",
     "residual_alpha",
@@ -181,32 +180,10 @@ def residual_branch_mask(
     ):
         patterns = [re.compile(m) for m in ([mask] if isinstance(mask, str) else mask)]
 
-        def by_regex(params):
-            flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-            return jax.tree_util.tree_unflatten(
-                treedef,
-                [_is_array(x) and any(p.search(path_str(k)) for p in patterns) for k, x in flat],
-            )
-
-        return by_regex
+        return label_by_path(lambda path: any(p.search(path) for p in patterns))
     if callable(mask):
-        n = _n_required_positional(mask)
-        if n == 2:
-            gmap = as_geometry_map(geometry)
-
-            def by_geometry(params):
-                flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-                paths = [path_str(k) for k, _ in flat]
-                arrays = [i for i, (_, x) in enumerate(flat) if _is_array(x)]
-                geoms = gmap.resolve(
-                    [paths[i] for i in arrays], [tuple(flat[i][1].shape) for i in arrays]
-                )
-                out = [False] * len(flat)
-                for i, g in zip(arrays, geoms):
-                    out[i] = bool(mask(paths[i], g))
-                return jax.tree_util.tree_unflatten(treedef, out)
-
-            return by_geometry
+        if _n_required_positional(mask) == 2:
+            return label_by_geometry(lambda path, g: bool(mask(path, g)), geometry)
         return mask
     return lambda params: mask
 
@@ -332,7 +309,7 @@ def depth_residual_scale(
         message lists the parameter paths).
 
     References:
-      Wong, Xu, Li, Lu (2026); REFERENCE.md section 5 (absorbed form).
+      Wong, Xu, Li, Lu (2026); docs/math.md section 5 (absorbed form).
     """
     if optimizer_kind not in OPTIMIZER_KINDS:
         raise ValueError(
@@ -357,66 +334,5 @@ def depth_residual_scale(
             return u
 
         return jax.tree_util.tree_map(scale, updates, labels), state
-
-    return optax.GradientTransformation(init_fn, update_fn)
-
-
-class DecoupledWeightDecayState(NamedTuple):
-    """Step count (for a learning-rate schedule)."""
-
-    count: jax.Array
-
-
-def decoupled_weight_decay(
-    learning_rate: optax.ScalarOrSchedule,
-    weight_decay: float,
-    *,
-    mask: Any = None,
-) -> optax.GradientTransformation:
-    """Add ``-learning_rate * weight_decay * W`` to finished updates.
-
-    For chaining *after* a complete optimizer (whose output already includes
-    ``-learning_rate``) and after :func:`depth_residual_scale`, so that the
-    decay is not multiplied by ``alpha``: the result per leaf is
-    ``-lr_t * (c * D(G) + weight_decay * W)``, exactly what the explicit-form
-    optimizer with ``weight_decay`` does. Equivalent to
-    ``add_decayed_weights(weight_decay)`` followed by ``-learning_rate`` in the
-    optimizer's own chain.
-
-    Args:
-      learning_rate: the optimizer's learning rate (float or optax schedule,
-        evaluated at the same step count as the optimizer's).
-      weight_decay: decoupled decay coefficient ``lambda``.
-      mask: optax mask (tree of bools or ``params -> tree``); ``None``
-        decays every leaf. Use the optimizer's own decay mask (the named
-        optimizers spare vectors / leaves with ``ndim < 2``).
-
-    References:
-      Loshchilov, Hutter (2019), decoupled weight decay.
-    """
-
-    def init_fn(params):
-        del params
-        return DecoupledWeightDecayState(count=jnp.zeros([], jnp.int32))
-
-    def update_fn(updates, state, params=None):
-        if params is None:
-            raise ValueError(
-                "decoupled_weight_decay needs params: call tx.update(grads, state, params)."
-            )
-        lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
-        m = mask(params) if callable(mask) else mask
-
-        def decay(u, w, keep=True):
-            if u is None or not keep:
-                return u
-            step = jnp.asarray(lr, jnp.float32) * jnp.asarray(weight_decay, jnp.float32)
-            return (u.astype(jnp.float32) - step * w.astype(jnp.float32)).astype(u.dtype)
-
-        if m is None:
-            new = jax.tree_util.tree_map(decay, updates, params)
-        else:
-            new = jax.tree_util.tree_map(decay, updates, params, m)
-        return new, DecoupledWeightDecayState(count=optax.safe_increment(state.count))
 
     return optax.GradientTransformation(init_fn, update_fn)

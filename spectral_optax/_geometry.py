@@ -25,7 +25,7 @@ some optimizers treat differently). Inferred from names, overridable.
 
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning".
-  REFERENCE.md section 1.
+  docs/math.md section 1.
 """
 
 from __future__ import annotations
@@ -407,6 +407,7 @@ class GeometryMap:
                     self.explicit[path_str(p)] = g
         self.hints = dict(hints or {})
         self._cache: dict[tuple, tuple[Geometry, ...]] = {}
+        self._decided: dict[tuple[str, tuple[int, ...]], Geometry] = {}
 
     # -- constructors from models -------------------------------------------
     @classmethod
@@ -427,10 +428,24 @@ class GeometryMap:
 
     # -- resolution -----------------------------------------------------------
     def resolve(self, paths: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> tuple[Geometry, ...]:
+        """The geometry of each ``(path, shape)``; each leaf is decided once per map.
+
+        A leaf already decided (as part of any earlier tree, typically the
+        whole parameter tree that an optimizer's labels see first) keeps its
+        geometry when it shows up again, e.g. in the sub-tree that
+        ``optax.partition`` hands to one route: the decision is made once, in
+        this map, and every transform sharing the map reads it.
+        """
         key = (tuple(paths), tuple(tuple(s) for s in shapes))
         if key not in self._cache:
             shape_of = dict(zip(*key))
-            self._cache[key] = tuple(self._resolve_one(p, s, shape_of) for p, s in zip(*key))
+            out = []
+            for p, s in zip(*key):
+                g = self._decided.get((p, s))
+                if g is None:
+                    g = self._decided[(p, s)] = self._resolve_one(p, s, shape_of)
+                out.append(g)
+            self._cache[key] = tuple(out)
         return self._cache[key]
 
     def _resolve_one(self, path: str, shape: tuple[int, ...], shape_of) -> Geometry:
@@ -629,5 +644,21 @@ def label_by_geometry(
         paths = [path_str(p) for p, _ in flat]
         geoms = gmap.resolve(paths, [tuple(np.shape(x)) for _, x in flat])
         return jax.tree_util.tree_unflatten(treedef, [label_fn(p, g) for p, g in zip(paths, geoms)])
+
+    return labels
+
+
+def label_by_path(label_fn: Callable[[str], Any], default: Any = False) -> Callable[[Any], Any]:
+    """``params -> tree`` with ``label_fn(path)`` at every array leaf (``default`` elsewhere).
+
+    For rules that depend on the '/'-joined path only (regex masks), so that
+    no geometry needs to be decided.
+    """
+
+    def labels(params):
+        flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+        return jax.tree_util.tree_unflatten(
+            treedef, [label_fn(path_str(p)) if hasattr(x, "shape") else default for p, x in flat]
+        )
 
     return labels

@@ -1,12 +1,16 @@
-"""Overflow- and underflow-safe norms shared by the dual maps.
+"""Overflow- and underflow-safe numerics shared by the dual maps and the diagnostics.
 
 Every norm is computed on magnitudes divided by their maximum (per reduced
 slice), in float32 or wider, so inputs from 1e-30 to 1e30 and bf16 give
-finite results; an all-zero slice has norm 0 and normalizes to 0.
+finite results; an all-zero slice has norm 0 and normalizes to 0. The
+largest singular value is estimated by one power iteration shared by the
+spectral dual map (warm-started, a few steps per update) and the diagnostics
+(cold-started, many steps).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 
@@ -15,10 +19,31 @@ def compute_dtype(x):
     return jnp.promote_types(x.dtype, jnp.float32)
 
 
+def static_value(x) -> float | None:
+    """``float(x)`` when ``x`` is a concrete Python/NumPy number or array, else ``None`` (a tracer)."""
+    if isinstance(x, (int, float)):
+        return float(x)
+    try:
+        return float(x)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def _nonzero(x):
+    return jnp.where(x > 0, x, jnp.ones_like(x))
+
+
 def safe_max_abs(x, axis, keepdims=True):
     """``max |x|`` over ``axis``, replaced by 1 where it is 0 (so dividing by it is safe)."""
-    scale = jnp.max(jnp.abs(x), axis=axis, keepdims=keepdims)
-    return jnp.where(scale > 0, scale, jnp.ones_like(scale))
+    return _nonzero(jnp.max(jnp.abs(x), axis=axis, keepdims=keepdims))
+
+
+def safe_norm(x, axis=None):
+    """l2 / Frobenius norm over ``axis`` computed as ``max|x| * ||x / max|x|||`` (no overflow)."""
+    x = x.astype(compute_dtype(x))
+    peak = safe_max_abs(x, axis)
+    y = x / peak
+    return jnp.squeeze(peak, axis) * jnp.sqrt(jnp.sum(y * y, axis=axis))
 
 
 def rms_normalize(x, axis):
@@ -29,13 +54,67 @@ def rms_normalize(x, axis):
     """
     x = x.astype(compute_dtype(x))
     y = x / safe_max_abs(x, axis)
-    rms = jnp.sqrt(jnp.mean(y * y, axis=axis, keepdims=True))
-    return y / jnp.where(rms > 0, rms, jnp.ones_like(rms))
+    return y / _nonzero(jnp.sqrt(jnp.mean(y * y, axis=axis, keepdims=True)))
 
 
 def unit_frobenius(x, axis):
-    """``x / ||x||_F`` over ``axis``; zero slices stay zero (overflow-safe)."""
+    """``x / ||x||_2`` over ``axis`` (Frobenius for two axes); zero slices stay zero (overflow-safe)."""
     x = x.astype(compute_dtype(x))
     y = x / safe_max_abs(x, axis)
-    norm = jnp.sqrt(jnp.sum(y * y, axis=axis, keepdims=True))
-    return y / jnp.where(norm > 0, norm, jnp.ones_like(norm))
+    return y / _nonzero(jnp.sqrt(jnp.sum(y * y, axis=axis, keepdims=True)))
+
+
+def unit_vectors(v, fallback):
+    """``v / ||v||`` along the last axis; ``fallback`` where ``v`` is zero."""
+    norm = jnp.linalg.norm(v, axis=-1, keepdims=True)
+    return jnp.where(norm > 0, v / _nonzero(norm), fallback)
+
+
+def power_iteration(m: jax.Array, v: jax.Array, num_iterations: int):
+    """Top singular value of every slice by power iteration on ``G^T G``.
+
+    Args:
+      m: ``(num_slices, d_in, d_out)``.
+      v: ``(num_slices, d_out)`` starting right vectors (warm start).
+      num_iterations: number of ``v <- G^T G v / ||G^T G v||`` steps.
+
+    Returns:
+      ``(sigma, v)``: ``sigma = ||G v||`` of shape ``(num_slices,)`` and the
+      updated unit right vectors. A zero slice gives ``sigma = 0`` and keeps
+      its vector.
+    """
+    m = m.astype(compute_dtype(m))
+    v = v.astype(m.dtype)
+    v = unit_vectors(v, v)
+
+    def body(_, v):
+        u = jnp.einsum("bio,bo->bi", m, v)
+        return unit_vectors(jnp.einsum("bio,bi->bo", m, u), v)
+
+    v = jax.lax.fori_loop(0, num_iterations, body, v)
+    return jnp.linalg.norm(jnp.einsum("bio,bo->bi", m, v), axis=-1), v
+
+
+def top_singular_value(m: jax.Array, method: str = "auto", iters: int = 100) -> jax.Array:
+    """Largest singular value of each slice of ``m`` ``(num_slices, d_in, d_out)``.
+
+    ``method``: ``'svd'`` (exact), ``'power'`` (``iters`` cold-started power
+    iterations on the shorter side) or ``'auto'`` (SVD up to min dimension
+    1024). Each slice is divided by its largest entry first (no overflow).
+    """
+    if method == "auto":
+        method = "svd" if min(m.shape[-2:]) <= 1024 else "power"
+    if method not in ("svd", "power"):
+        raise ValueError(f"method must be 'svd', 'power' or 'auto', got {method!r}")
+    m = m.astype(compute_dtype(m))
+    peak = safe_max_abs(m, axis=(-2, -1))
+    y = m / peak
+    if method == "svd":
+        top = jnp.linalg.svd(y, compute_uv=False)[..., 0]
+    else:
+        if y.shape[-2] < y.shape[-1]:
+            y = jnp.swapaxes(y, -1, -2)
+        n = y.shape[-1]
+        v0 = jnp.broadcast_to(1.0 + 1e-3 * jnp.arange(n, dtype=y.dtype), y.shape[:-2] + (n,))
+        top, _ = power_iteration(y, v0, iters)
+    return peak[..., 0, 0] * top

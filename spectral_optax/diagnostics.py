@@ -19,7 +19,7 @@ measure exactly that:
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning"
   (relative changes, alignment, Figures 1-3). Yang et al. (2021), "Tensor
-  Programs V" (coordinate checks). REFERENCE.md section 2.
+  Programs V" (coordinate checks). docs/math.md section 2.
 """
 
 from __future__ import annotations
@@ -35,7 +35,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from spectral_optax._geometry import Geometry, GeometryLike, map_with_geometry, to_matrix
+from spectral_optax._geometry import (
+    Geometry,
+    GeometryLike,
+    map_with_geometry,
+    to_matrix,
+)
+from spectral_optax._numerics import safe_max_abs, safe_norm, top_singular_value
+from spectral_optax.initializers import spectral_normal
 
 __all__ = [
     "relative_change",
@@ -56,19 +63,11 @@ def _f32(x):
     return x.astype(jnp.float32) if x.dtype != jnp.float64 else x
 
 
-def _norm(x, axis=None) -> jax.Array:
-    """Overflow-safe l2 / Frobenius norm (scaled by the largest entry first)."""
-    m = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
-    safe = jnp.where(m > 0, m, 1.0)
-    out = jnp.squeeze(safe, axis) * jnp.sqrt(jnp.sum((x / safe) ** 2, axis=axis))
-    return out
-
-
 def relative_change(new, old, eps: float = 1e-30) -> jax.Array:
     """``||new - old||_F / ||old||_F`` (0 when both are 0, inf when only old is)."""
     new, old = _f32(new), _f32(old)
-    num = _norm(new - old)
-    den = _norm(old)
+    num = safe_norm(new - old)
+    den = safe_norm(old)
     return jnp.where(den > eps, num / jnp.maximum(den, eps), jnp.where(num > eps, jnp.inf, 0.0))
 
 
@@ -87,36 +86,6 @@ def _as_geometry(x, geometry: Geometry | None) -> Geometry:
     return Geometry.matrix(shape)
 
 
-def _top_singular(m: jax.Array, method: str, iters: int) -> jax.Array:
-    """Largest singular value of each slice of ``m`` (batch, d_in, d_out)."""
-    if method == "auto":
-        method = "svd" if min(m.shape[-2:]) <= 1024 else "power"
-    # Scale each slice by its largest entry (no overflow for huge inputs).
-    scale = jnp.max(jnp.abs(m), axis=(-2, -1))
-    scale = jnp.where(scale > 0, scale, 1.0)
-    return scale * _top_singular_unit(m / scale[:, None, None], method, iters)
-
-
-def _top_singular_unit(m, method, iters):
-    if method == "svd":
-        return jnp.linalg.svd(m, compute_uv=False)[..., 0]
-    if method != "power":
-        raise ValueError(f"method must be 'svd', 'power' or 'auto', got {method!r}")
-    # Power iteration on the Gram matrix side of the smaller dimension.
-    if m.shape[-2] < m.shape[-1]:
-        m = jnp.swapaxes(m, -1, -2)
-    v = jnp.ones(m.shape[:-2] + (m.shape[-1],), m.dtype) + 1e-3 * jnp.arange(m.shape[-1])
-    v = v / jnp.linalg.norm(v, axis=-1, keepdims=True)
-
-    def body(_, v):
-        w = jnp.einsum("bij,bj->bi", m, v)
-        v = jnp.einsum("bij,bi->bj", m, w)
-        return v / jnp.maximum(jnp.linalg.norm(v, axis=-1, keepdims=True), 1e-30)
-
-    v = jax.lax.fori_loop(0, iters, body, v)
-    return jnp.linalg.norm(jnp.einsum("bij,bj->bi", m, v), axis=-1)
-
-
 def spectral_norm(x, geometry: Geometry | None = None, *, method: str = "auto",
                   iters: int = 100) -> jax.Array:
     """``||W||_*`` (largest singular value) of the canonical matrix view.
@@ -131,20 +100,19 @@ def spectral_norm(x, geometry: Geometry | None = None, *, method: str = "auto",
         large matrices) or ``'auto'`` (SVD up to min dimension 1024).
     """
     m = to_matrix(_f32(x), _as_geometry(x, geometry))
-    return jnp.max(_top_singular(m, method, iters))
+    return jnp.max(top_singular_value(m, method, iters))
 
 
 def frobenius_norm(x) -> jax.Array:
     """``||W||_F``."""
-    return _norm(_f32(x))
+    return safe_norm(_f32(x))
 
 
 def stable_rank(x, geometry: Geometry | None = None, *, method: str = "auto") -> jax.Array:
     """``||W||_F^2 / ||W||_*^2`` of the matrix view (per slice; the mean over slices)."""
     m = to_matrix(_f32(x), _as_geometry(x, geometry))
-    scale = jnp.max(jnp.abs(m), axis=(-2, -1), keepdims=True)
-    m = m / jnp.where(scale > 0, scale, 1.0)  # scale-invariant; avoids overflow
-    top = _top_singular(m, method, 100)
+    m = m / safe_max_abs(m, axis=(-2, -1))  # scale-invariant; avoids overflow
+    top = top_singular_value(m, method, 100)
     fro2 = jnp.sum(m**2, axis=(-2, -1))
     return jnp.mean(fro2 / jnp.maximum(top**2, 1e-30))
 
@@ -195,8 +163,8 @@ def alignment(f, w_out, h) -> jax.Array:
     """
     f = _f32(f).reshape(-1)
     h = _f32(h).reshape(f.shape[0], -1)
-    wn = _norm(_f32(w_out))
-    hn = _norm(h, axis=-1)
+    wn = safe_norm(_f32(w_out))
+    hn = safe_norm(h, axis=-1)
     return jnp.mean(jnp.abs(f) / jnp.maximum(wn * hn, 1e-30))
 
 
@@ -221,15 +189,18 @@ def coord_check_mlp(width: int, *, depth: int = 2, d_in: int = 32, d_out: int = 
     dims = [d_in] + [width] * depth + [d_out]
     names = [f"Dense_{i}" for i in range(depth)] + ["head"]
 
+    # The package's own initializers: Parametrization 1 or Kaiming (SP).
+    if init == "spectral":
+        kernel_init = spectral_normal(gain=gain)
+    else:
+        kernel_init = jax.nn.initializers.variance_scaling(gain**2, "fan_in", "normal")
+
     def init_fn(key):
         keys = jax.random.split(key, len(names))
-        params = {}
-        for k, name, a, b in zip(keys, names, dims[:-1], dims[1:]):
-            std = gain / math.sqrt(a)
-            if init == "spectral":
-                std *= min(1.0, math.sqrt(b / a))
-            params[name] = {"kernel": std * jax.random.normal(k, (a, b), jnp.float32)}
-        return params
+        return {
+            name: {"kernel": kernel_init(k, (a, b), jnp.float32)}
+            for k, name, a, b in zip(keys, names, dims[:-1], dims[1:])
+        }
 
     def features_fn(params, x):
         feats = {}

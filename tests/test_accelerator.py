@@ -73,8 +73,26 @@ def test_width_transfer_skips_nothing_on_an_accelerator(tmp_path, monkeypatch):
     # On a CPU the quick preset stops Muon at width 256 (settings above).
     monkeypatch.setattr(_common, "on_accelerator", lambda: True)
     out = tmp_path / "w.json"
-    width_transfer.main(["--quick", "--widths", "8,260", "--steps", "2", "--num-lrs", "2", "--optimizers", "muon",
-                         "--data", "digits", "--out", str(tmp_path), "--no-progress", "--json", str(out)])
+    width_transfer.main(
+        [
+            "--quick",
+            "--widths",
+            "8,260",
+            "--steps",
+            "2",
+            "--num-lrs",
+            "2",
+            "--optimizers",
+            "muon",
+            "--data",
+            "digits",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--json",
+            str(out),
+        ]
+    )
     payload = json.loads(out.read_text())
     assert payload["skipped_widths"] == {} and payload["dtype"] == "float32"
     assert sorted(int(w) for w in payload["summary"]["muon"]["best_lr"]) == [8, 260]

@@ -31,7 +31,7 @@ def rand(shape, seed=0, dtype=np.float32):
 # ------------------------------------------------------------ the transform
 def test_conv_kernel_uses_window_times_in():
     k = rand((3, 3, 4, 8))
-    tx = so.orthogonalize_via_newton_schulz(coefficients=exact_polar)
+    tx = so.orthogonalize_via_newton_schulz(ns_coefficients=exact_polar)
     params = {"Conv_0": {"kernel": jnp.asarray(k)}}
     out, _ = tx.update(params, tx.init(params))
     u = out["Conv_0"]["kernel"]
@@ -52,7 +52,7 @@ def test_conv_kernel_uses_window_times_in():
 )
 def test_scale_conventions(scale, expected):
     params = {"a": {"kernel": jnp.asarray(rand((16, 64), 1))}, "b": {"kernel": jnp.asarray(rand((64, 16), 2))}}
-    tx = so.orthogonalize_via_newton_schulz(scale=scale, coefficients=exact_polar)
+    tx = so.orthogonalize_via_newton_schulz(scale=scale, ns_coefficients=exact_polar)
     out, _ = tx.update(params, tx.init(params))
     for name, (i, o) in {"a": (16, 64), "b": (64, 16)}.items():
         s = np.linalg.svd(np.asarray(out[name]["kernel"], np.float64), compute_uv=False)
@@ -75,7 +75,7 @@ def test_stacked_layers_and_qkv_splits_are_slices():
         "stack": Geometry.matrix((3, 8, 20)),
         "qkv": Geometry.matrix((8, 30), fan_out_splits=3),
     }
-    tx = so.orthogonalize_via_newton_schulz(geometry=geometry, coefficients=exact_polar)
+    tx = so.orthogonalize_via_newton_schulz(geometry=geometry, ns_coefficients=exact_polar)
     params = {"stack": jnp.asarray(stacked), "qkv": jnp.asarray(qkv)}
     out, _ = tx.update(params, tx.init(params))
     for i in range(3):
@@ -148,7 +148,7 @@ def _grads(seed, dtype=jnp.float32):
 
 def test_muon_two_steps_match_numpy_reference():
     lr, beta, wd = 0.1, 0.9, 0.01
-    tx = so.muon(lr, beta=beta, weight_decay=wd, ns_coefficients=exact_polar)
+    tx = so.muon(lr, momentum=beta, weight_decay=wd, ns_coefficients=exact_polar)
     params = _params()
     state = tx.init(params)
     g1, g2 = _grads(1), _grads(2)
@@ -171,7 +171,7 @@ def test_muon_two_steps_match_numpy_reference():
 
 def test_muon_without_nesterov_uses_momentum():
     lr, beta = 0.05, 0.8
-    tx = so.muon(lr, beta=beta, nesterov=False, ns_coefficients=exact_polar)
+    tx = so.muon(lr, momentum=beta, nesterov=False, ns_coefficients=exact_polar)
     params = _params()
     state = tx.init(params)
     g1, g2 = _grads(3), _grads(4)
@@ -254,7 +254,7 @@ def test_muon_inject_hyperparams_and_schedule():
     # A function-valued option must be declared static (inject_hyperparams
     # would otherwise treat it as a schedule).
     tx = optax.inject_hyperparams(so.muon, static_args=("ns_coefficients",))(
-        learning_rate=sched, beta=0.9, ns_coefficients=exact_polar
+        learning_rate=sched, momentum=0.9, ns_coefficients=exact_polar
     )
     params, g = _params(), _grads(8)
     state = tx.init(params)
@@ -265,7 +265,7 @@ def test_muon_inject_hyperparams_and_schedule():
     # Same gradient twice: the Nesterov direction is ~g both times, so the
     # update ratio is the schedule's ratio (0.15 / 0.2).
     np.testing.assert_allclose(k1 / 0.15, k0 / 0.2, atol=2e-4)
-    state.hyperparams["beta"] = jnp.asarray(0.5)
+    state.hyperparams["momentum"] = jnp.asarray(0.5)
     _, state = step(g, state, params)
     assert float(state.hyperparams["learning_rate"]) == pytest.approx(0.1)
 
@@ -288,7 +288,7 @@ def test_muon_state_checkpoint_round_trip():
 def test_muon_polar_express_option_and_stacked_geometry():
     params = {"blocks": {"mlp": {"kernel": jnp.asarray(rand((4, 16, 32), 12))}}}
     geometry = {r"blocks/mlp/kernel$": dict(kind="matrix", fan_in_axes=(-2,), fan_out_axes=(-1,))}
-    tx = so.muon(1.0, geometry=geometry, ns_coefficients="polar_express", scale=1.0, beta=0.0)
+    tx = so.muon(1.0, geometry=geometry, ns_coefficients="polar_express", scale=1.0, momentum=0.0)
     g = {"blocks": {"mlp": {"kernel": jnp.asarray(rand((4, 16, 32), 13))}}}
     u, _ = tx.update(g, tx.init(params), params)
     for i in range(4):

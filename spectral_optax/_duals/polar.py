@@ -2,7 +2,7 @@
 
 For a matrix ``G = U S V^T`` (thin SVD) the orthogonal polar factor ``U V^T``
 is the steepest-descent direction under the spectral norm (the RMS->RMS
-dual map, docs/math.md). It is approximated without an SVD by
+dual map, docs/math.md section 3). It is approximated without an SVD by
 iterating an odd quintic on the Frobenius-normalized matrix::
 
     X_0 = G / (||G||_F * safety)                 (so every sigma_i(X_0) <= 1)
@@ -39,7 +39,7 @@ References:
   networks" (modded-nanogpt).
   Amsel, Persson, Musco, Gower (2025), "The Polar Express: Optimal Matrix Sign
   Methods and Their Application to the Muon Algorithm", arXiv:2505.16932.
-  docs/math.md.
+  docs/math.md section 4.
 """
 
 from __future__ import annotations
@@ -224,8 +224,7 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
             steps = 5
     if table.ndim != 2 or table.shape[1] != 3 or table.shape[0] == 0:
         raise ValueError(
-            f"Newton-Schulz coefficients must be (a, b, c) or a table of shape (steps, 3), got "
-            f"shape {table.shape}"
+            f"Newton-Schulz coefficients must be (a, b, c) or a table of shape (steps, 3), got shape {table.shape}"
         )
     if not np.all(np.isfinite(table)):
         raise ValueError("Newton-Schulz coefficients must be finite")
@@ -246,7 +245,10 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
 def _dot(x, y, contract_x, contract_y, precision):
     """Batched matmul over the leading axis with chosen contraction axes."""
     return jax.lax.dot_general(
-        x, y, (((contract_x,), (contract_y,)), ((0,), (0,))), precision=precision,
+        x,
+        y,
+        (((contract_x,), (contract_y,)), ((0,), (0,))),
+        precision=precision,
         preferred_element_type=x.dtype,
     )
 
@@ -442,7 +444,7 @@ def newton_schulz(
 
     References:
       Jordan et al. (2024), Muon; Amsel et al. (2025), The Polar Express.
-      docs/math.md.
+      docs/math.md section 4.
     """
     x = jnp.asarray(x)
     if x.ndim < 2:

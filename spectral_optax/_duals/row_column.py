@@ -51,7 +51,7 @@ The result is cast back to the input's dtype.
 References:
   Large, Bernstein et al. (2024), "Scalable Optimization in the Modular Norm";
   Bernstein & Newhouse (2024), "Old Optimizer, New Norm";
-  Wong, Xu, Li, Lu (2026) (MOGA, p in {1.5, 2, 2.5}). REFERENCE.md section 3.
+  Wong, Xu, Li, Lu (2026) (MOGA, p in {1.5, 2, 2.5}). docs/math.md section 3.
 """
 
 from __future__ import annotations
@@ -62,26 +62,22 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["lp_dual_direction", "row_normalize", "column_normalize", "sign"]
+from spectral_optax._numerics import (
+    compute_dtype,
+    safe_max_abs,
+    static_value,
+    unit_frobenius,
+)
+
+__all__ = [
+    "check_p", "check_q", "column_direction", "column_normalize", "lp_dual_direction", "row_direction",
+    "row_normalize", "sign",
+]
 
 Exponent = Any  # float, or a (traced) scalar array under inject_hyperparams
 
 
-def _static(x) -> float | None:
-    """``float(x)`` when ``x`` is a concrete Python/NumPy number, else None."""
-    if isinstance(x, (int, float)):
-        return float(x)
-    try:
-        return float(x)  # a concrete scalar array
-    except (TypeError, jax.errors.ConcretizationTypeError):  # a tracer: handle numerically
-        return None
-
-
-def _compute_dtype(x):
-    return jnp.promote_types(x.dtype, jnp.float32)
-
-
-def _pow_static(a, e: float):
+def _powstatic_value(a, e: float):
     """``a**e`` for ``a`` in [0, 1] and a static ``e >= 0``; integer and
     half-integer ``e`` use multiplications and one ``sqrt``."""
     if e == 0.0:
@@ -124,20 +120,15 @@ def lp_dual_direction(x: jax.Array, r: Exponent, axis: int) -> jax.Array:
     """
     if x.ndim != 3 or axis not in (1, 2):
         raise ValueError(f"expected a (num_slices, d_in, d_out) array and axis 1 or 2, got {x.shape}, {axis}")
-    x = x.astype(_compute_dtype(x))
-    r_static = _static(r)
+    x = x.astype(compute_dtype(x))
+    r_static = static_value(r)
     if r_static == 1.0:
         return jnp.sign(x)
-    mag = jnp.abs(x)
-    peak = jnp.max(mag, axis=axis, keepdims=True)
-    peak = jnp.where(peak > 0, peak, jnp.ones_like(peak))
     if r_static == 2.0:  # plain l2 normalization, no powers
-        y = x / peak
-        norm = jnp.sqrt(jnp.sum(jnp.square(y), axis=axis, keepdims=True))
-        return y / jnp.where(norm > 0, norm, jnp.ones_like(norm))
-    a = mag / peak
+        return unit_frobenius(x, axis)
+    a = jnp.abs(x) / safe_max_abs(x, axis)
     if r_static is not None:
-        t = _pow_static(a, r_static - 1.0)  # a^(r-1)
+        t = _powstatic_value(a, r_static - 1.0)  # a^(r-1)
         s = _pow_sum(a, r_static, axis)  # sum a^r, >= 1 unless zero
         denom = s ** ((r_static - 1.0) / r_static)
     else:
@@ -149,21 +140,21 @@ def lp_dual_direction(x: jax.Array, r: Exponent, axis: int) -> jax.Array:
     return jnp.sign(x) * (t / denom)
 
 
-def _check_p(p, name="p"):
-    v = _static(p)
+def check_p(p, name="p"):
+    v = static_value(p)
     if v is not None and not (1.0 <= v < math.inf):
         raise ValueError(f"{name} must be in [1, inf), got {p!r}")
 
 
-def _check_q(q):
-    v = _static(q)
+def check_q(q):
+    v = static_value(q)
     if v is not None and not (v > 1.0):
         raise ValueError(f"q must be in (1, inf] (q = inf gives sign(G) / d_in), got {q!r}")
 
 
 def _conjugate(q):
     """``q* = q / (q - 1)``, with ``inf* = 1``."""
-    v = _static(q)
+    v = static_value(q)
     if v is not None:
         return 1.0 if math.isinf(v) else v / (v - 1.0)
     q = jnp.asarray(q, jnp.float32)
@@ -187,13 +178,18 @@ def row_normalize(m: jax.Array, p: Exponent = 2.0, *, fan_scaling: bool = True) 
     Returns:
       The direction, same shape and dtype as ``m``.
     """
-    _check_p(p)
+    check_p(p)
     if m.ndim != 3:
         raise ValueError(f"row_normalize expects the canonical (num_slices, d_in, d_out) view, got shape {m.shape}")
+    return row_direction(m, p, fan_scaling=fan_scaling)
+
+
+def row_direction(m: jax.Array, p: Exponent, *, fan_scaling: bool = True) -> jax.Array:
+    """:func:`row_normalize` without argument checks (for transforms that checked ``p`` at construction)."""
     d = lp_dual_direction(m, p, axis=1)
     if fan_scaling:
         d_in = m.shape[1]
-        pv = _static(p)
+        pv = static_value(p)
         scale = d_in ** (-1.0 / pv) if pv is not None else jnp.power(float(d_in), -1.0 / jnp.asarray(p, d.dtype))
         d = d * jnp.asarray(scale, d.dtype)
     return d.astype(m.dtype)
@@ -216,15 +212,20 @@ def column_normalize(m: jax.Array, q: Exponent = 2.0, *, fan_scaling: bool = Tru
     Returns:
       The direction, same shape and dtype as ``m``.
     """
-    _check_q(q)
+    check_q(q)
     if m.ndim != 3:
         raise ValueError(
             f"column_normalize expects the canonical (num_slices, d_in, d_out) view, got shape {m.shape}"
         )
+    return column_direction(m, q, fan_scaling=fan_scaling)
+
+
+def column_direction(m: jax.Array, q: Exponent, *, fan_scaling: bool = True) -> jax.Array:
+    """:func:`column_normalize` without argument checks (``q`` checked at construction)."""
     d = lp_dual_direction(m, _conjugate(q), axis=2)
     if fan_scaling:
         d_in, d_out = m.shape[1], m.shape[2]
-        qv = _static(q)
+        qv = static_value(q)
         if qv is not None:
             scale = (1.0 if math.isinf(qv) else d_out ** (1.0 / qv)) / d_in
         else:

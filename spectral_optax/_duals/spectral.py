@@ -14,7 +14,7 @@ The full orthogonalization ``U V^T`` lives in :mod:`spectral_optax._duals.polar`
 
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature
-  Learning", section 3 (normalized updates). REFERENCE.md section 2.
+  Learning", section 3 (normalized updates). docs/math.md section 2.
 """
 
 from __future__ import annotations
@@ -22,42 +22,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from spectral_optax._numerics import compute_dtype, safe_max_abs, unit_frobenius
+from spectral_optax._numerics import (
+    compute_dtype,
+    power_iteration,
+    safe_max_abs,
+    unit_frobenius,
+)
 
 
 def frobenius_normalize(m: jax.Array) -> jax.Array:
     """``G / ||G||_F`` per slice of ``(num_slices, d_in, d_out)``; zero stays zero."""
     return unit_frobenius(m, axis=(-2, -1)).astype(m.dtype)
-
-
-def _unit(v, fallback):
-    norm = jnp.linalg.norm(v, axis=-1, keepdims=True)
-    return jnp.where(norm > 0, v / jnp.where(norm > 0, norm, 1.0), fallback)
-
-
-def power_iteration(m: jax.Array, v: jax.Array, num_iterations: int):
-    """Top singular value of every slice by power iteration on ``G^T G``.
-
-    Args:
-      m: ``(num_slices, d_in, d_out)``.
-      v: ``(num_slices, d_out)`` starting right vectors (warm start).
-      num_iterations: number of ``v <- G^T G v / ||G^T G v||`` steps (>= 1).
-
-    Returns:
-      ``(sigma, v)``: ``sigma = ||G v||`` of shape ``(num_slices,)`` and the
-      updated unit right vectors. A zero slice gives ``sigma = 0`` and keeps
-      its vector.
-    """
-    m = m.astype(compute_dtype(m))
-    v = _unit(v.astype(m.dtype), v.astype(m.dtype))
-
-    def body(_, v):
-        u = jnp.einsum("bio,bo->bi", m, v)
-        return _unit(jnp.einsum("bio,bi->bo", m, u), v)
-
-    v = jax.lax.fori_loop(0, num_iterations, body, v)
-    sigma = jnp.linalg.norm(jnp.einsum("bio,bo->bi", m, v), axis=-1)
-    return sigma, v
 
 
 def spectral_normalize_power(m: jax.Array, v: jax.Array, num_iterations: int):

@@ -1,47 +1,56 @@
-"""The tail every named optimizer shares: decoupled weight decay, then ``-lr``.
+"""What every named optimizer is made of: a table of routes chosen by geometry.
 
-    u <- -lr_t * (u + weight_decay * mask * W)
+A named optimizer is ``optax.partition(table, labels)`` (+ the shared decay
+-> learning-rate tail of :mod:`spectral_optax._transforms.weight_decay`),
+where ``table`` maps a route name to a transform built from the public
+transforms and ``labels`` gives each parameter a route from its
+:class:`~spectral_optax.Geometry` (kind and role), resolved once per tree
+by the optimizer's single :class:`~spectral_optax.GeometryMap`.
 
-The decay is multiplied by the global learning rate only (not by any width
-or depth multiplier applied before it), and by default spares vectors
-(biases, norm scales, also when stacked by ``nn.scan``), as decided by the
-geometry rather than by ``ndim``.
-
-References:
-  Loshchilov & Hutter (2019), "Decoupled Weight Decay Regularization".
+The table is fixed at construction, so the optimizer state's structure
+depends on the parameter tree only, never on which routes it happens to use:
+``optax.tree_map_params`` and checkpoint restore see the same structure for
+every model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import optax
 
-from spectral_optax._geometry import GeometryLike, label_by_geometry
+from spectral_optax._geometry import Geometry, GeometryMap, label_by_geometry
+
+__all__ = ["geometry_partition"]
 
 
-def decay_mask_sparing_vectors(geometry: GeometryLike = None) -> Callable[[Any], Any]:
-    """Weight-decay mask: ``True`` for matrices and embeddings, ``False`` for vectors."""
-    return label_by_geometry(lambda _path, g: g.kind != "vector", geometry)
+def geometry_partition(
+    table: Mapping[str, optax.GradientTransformation],
+    route_of: Callable[[str, Geometry], str],
+    gmap: GeometryMap,
+    *,
+    split: Callable[[Any], Any] | None = None,
+) -> optax.GradientTransformationExtraArgs:
+    """``optax.partition(table, labels)`` with labels from each leaf's geometry.
 
-
-def decay_then_learning_rate(
-    learning_rate: optax.ScalarOrSchedule,
-    weight_decay: Any,
-    weight_decay_mask: Any = None,
-    geometry: GeometryLike = None,
-) -> list[optax.GradientTransformation]:
-    """``[add_decayed_weights(weight_decay, mask), scale_by_learning_rate(lr)]``.
-
-    ``weight_decay_mask=None`` uses :func:`decay_mask_sparing_vectors`. A
-    literal 0 weight decay adds no transform (a value injected by
-    ``optax.inject_hyperparams`` is an array and always keeps it, so the
-    chain's structure never depends on a traced value).
+    Args:
+      table: route name -> transform (fixed at construction).
+      route_of: ``(path, geometry) -> route name``.
+      gmap: the optimizer's geometry map (shared with the transforms in
+        ``table``, so each tree is resolved once).
+      split: optional ``params -> tree of bools``; a leaf whose value is
+        False gets the route ``name + ':nodecay'`` (which must be in
+        ``table``).
     """
-    parts = []
-    if not (isinstance(weight_decay, (int, float)) and weight_decay == 0):
-        mask = decay_mask_sparing_vectors(geometry) if weight_decay_mask is None else weight_decay_mask
-        parts.append(optax.add_decayed_weights(weight_decay, mask))
-    parts.append(optax.scale_by_learning_rate(learning_rate))
-    return parts
+    base = label_by_geometry(route_of, gmap)
+
+    def labels(params):
+        routes = base(params)
+        if split is None or not jax.tree.leaves(params):  # an empty tree: tree_map_params' placeholder
+            return routes
+        keep = split(params)
+        return jax.tree.map(lambda r, k: r if k else r + ":nodecay", routes, keep)
+
+    return optax.partition(dict(table), labels)

@@ -1,7 +1,7 @@
 """MOGA (row/column-normalized momentum) and rescaled AdamW.
 
 MOGA is steepest descent under per-layer (p,mean) -> inf operator norms
-(REFERENCE.md section 3): the momentum of each hidden matrix is replaced by
+(docs/math.md section 3): the momentum of each hidden matrix is replaced by
 its dual direction under that norm, whose size does not depend on width, so
 one learning rate serves every width (and, with inverse-depth residual
 scaling, every depth).
@@ -18,14 +18,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
-import jax
 import jax.numpy as jnp
 import optax
 
-from spectral_optax._duals.row_column import _check_p, _check_q, _static
-from spectral_optax._optimizers.common import decay_then_learning_rate
+from spectral_optax._duals.row_column import check_p
 from spectral_optax._geometry import (
     Geometry,
     GeometryLike,
@@ -33,7 +31,15 @@ from spectral_optax._geometry import (
     label_by_geometry,
     map_with_geometry,
 )
-from spectral_optax._transforms.row_column import scale_by_col_norm, scale_by_row_norm, scale_by_sign
+from spectral_optax._numerics import static_value
+from spectral_optax._optimizers.common import geometry_partition
+from spectral_optax._transforms.momentum import ema_momentum
+from spectral_optax._transforms.row_column import (
+    scale_by_col_norm,
+    scale_by_row_norm,
+    scale_by_sign,
+)
+from spectral_optax._transforms.weight_decay import decay_then_learning_rate
 
 __all__ = ["moga", "moga_labels", "rescaled_adamw", "MOGA_RULES"]
 
@@ -41,39 +47,22 @@ __all__ = ["moga", "moga_labels", "rescaled_adamw", "MOGA_RULES"]
 MOGA_RULES = ("row", "col", "head", "sign", "adam")
 
 
-class EmaMomentumState(NamedTuple):
-    """State of MOGA's momentum: the EMA ``mu`` of the gradients."""
-
-    mu: Any
-
-
-def _ema_momentum(beta, *, nesterov: bool, mu_dtype) -> optax.GradientTransformation:
-    """``mu <- beta mu + (1 - beta) g``; emits ``mu`` (or, with Nesterov,
-    ``beta mu + (1 - beta) g``), computed in float32 or wider. No bias
-    correction: every MOGA dual is scale-invariant, so without Nesterov it
-    would not change the step (with Nesterov this is the Muon convention)."""
-
-    def init_fn(params):
-        return EmaMomentumState(
-            mu=jax.tree.map(lambda p: jnp.zeros_like(p, dtype=mu_dtype or p.dtype), params)
-        )
-
-    def update_fn(updates, state, params=None):
-        del params
-        wide = lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32))
-        mu = jax.tree.map(lambda g, m: beta * wide(m) + (1 - beta) * wide(g), updates, state.mu)
-        out = jax.tree.map(lambda g, m: beta * m + (1 - beta) * wide(g), updates, mu) if nesterov else mu
-        out = jax.tree.map(lambda o, g: o.astype(g.dtype), out, updates)
-        mu = jax.tree.map(lambda m, old: m.astype(old.dtype), mu, state.mu)
-        return out, EmaMomentumState(mu=mu)
-
-    return optax.GradientTransformation(init_fn, update_fn)
-
-
 def _default_rule(geom: Geometry, variant: str) -> str:
     if geom.kind == "matrix":
         return "head" if geom.role == "output" else variant
     return "sign"  # embeddings, biases, norm scales
+
+
+def _route_fn(variant: str, rules: Mapping[str, Any] | None) -> Callable[[str, Geometry], str]:
+    compiled = [(re.compile(k), k, v) for k, v in (rules or {}).items()]
+
+    def route_of(path: str, geom: Geometry) -> str:
+        for pattern, key, rule in compiled:
+            if pattern.search(path):
+                return rule if isinstance(rule, str) else f"custom:{key}"
+        return _default_rule(geom, variant)
+
+    return route_of
 
 
 def moga_labels(
@@ -86,15 +75,7 @@ def moga_labels(
     matrices (role ``'output'``) ``'head'``, embeddings and vectors ``'sign'``.
     A rule given as a GradientTransformation is labelled ``'custom:<regex>'``.
     """
-    compiled = [(re.compile(k), k, v) for k, v in (rules or {}).items()]
-
-    def label_fn(path: str, geom: Geometry) -> str:
-        for pattern, key, rule in compiled:
-            if pattern.search(path):
-                return rule if isinstance(rule, str) else f"custom:{key}"
-        return _default_rule(geom, variant)
-
-    return label_by_geometry(label_fn, as_geometry_map(geometry))
+    return label_by_geometry(_route_fn(variant, rules), as_geometry_map(geometry))
 
 
 def moga(
@@ -181,19 +162,10 @@ def moga(
       ``inject_hyperparams`` would take for a schedule because it is callable).
 
     References:
-      Wong, Xu, Li, Lu (2026); REFERENCE.md section 3.
+      Wong, Xu, Li, Lu (2026); docs/math.md section 3.
     """
     if variant not in ("row", "col"):
         raise ValueError(f"variant must be 'row' or 'col', got {variant!r}")
-    _check_p(p)
-    if q is None:
-        pv = _static(p)
-        if pv is not None:
-            q = math.inf if pv == 1.0 else pv / (pv - 1.0)
-        else:  # traced p (inject_hyperparams)
-            pa = jnp.asarray(p, jnp.float32)
-            q = jnp.where(pa == 1.0, jnp.inf, pa / jnp.where(pa == 1.0, 1.0, pa - 1.0))
-    _check_q(q)
     for key, rule in (rules or {}).items():
         re.compile(key)
         if isinstance(rule, str) and rule not in MOGA_RULES:
@@ -206,22 +178,35 @@ def moga(
                 f"rules[{key!r}] must be one of {MOGA_RULES} or an optax.GradientTransformation, "
                 f"got {type(rule).__name__}"
             )
+    if q is None:
+        check_p(p)  # before deriving q from it (scale_by_row_norm checks it too, at construction)
+        pv = static_value(p)
+        if pv is not None:
+            q = math.inf if pv == 1.0 else pv / (pv - 1.0)
+        else:  # traced p (inject_hyperparams)
+            pa = jnp.asarray(p, jnp.float32)
+            q = jnp.where(pa == 1.0, jnp.inf, pa / jnp.where(pa == 1.0, 1.0, pa - 1.0))
     gmap = as_geometry_map(geometry)
-    mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
-    ema = lambda: _ema_momentum(momentum, nesterov=nesterov, mu_dtype=mu_dtype)
-    transforms = {
-        "row": optax.chain(ema(), scale_by_row_norm(p, geometry=gmap), optax.scale(base_factor)),
-        "col": optax.chain(ema(), scale_by_col_norm(q, geometry=gmap), optax.scale(base_factor)),
-        "head": optax.chain(ema(), scale_by_row_norm(p, geometry=gmap, fan_scaling=False)),
-        "sign": optax.chain(ema(), scale_by_sign()),
-        "adam": optax.scale_by_adam(b1=momentum, b2=adam_b2, eps=adam_eps, mu_dtype=mu_dtype, nesterov=nesterov),
+
+    def momentum_then(*parts):
+        return optax.chain(ema_momentum(momentum, nesterov=nesterov, mu_dtype=mu_dtype), *parts)
+
+    # The table {rule -> direction}; p and q are validated once, by the transforms' constructors.
+    table = {
+        "row": momentum_then(scale_by_row_norm(p, geometry=gmap), optax.scale(base_factor)),
+        "col": momentum_then(scale_by_col_norm(q, geometry=gmap), optax.scale(base_factor)),
+        "head": momentum_then(scale_by_row_norm(p, geometry=gmap, fan_scaling=False)),
+        "sign": momentum_then(scale_by_sign()),
+        "adam": optax.scale_by_adam(
+            b1=momentum, b2=adam_b2, eps=adam_eps,
+            mu_dtype=None if mu_dtype is None else jnp.dtype(mu_dtype), nesterov=nesterov,
+        ),
     }
     for key, rule in (rules or {}).items():
         if not isinstance(rule, str):
-            transforms[f"custom:{key}"] = rule
-    labels = moga_labels(variant=variant, rules=rules, geometry=gmap)
+            table[f"custom:{key}"] = rule
     return optax.chain(
-        optax.partition(transforms, labels),
+        geometry_partition(table, _route_fn(variant, rules), gmap),
         *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
     )
 
@@ -230,7 +215,7 @@ def _fan_factor(geom: Geometry, p, q, dtype):
     """``d_out^(1/q) / d_in^(1/p)`` for matrices, 1 otherwise."""
     if geom.kind != "matrix":
         return None
-    pv, qv = _static(p), _static(q)
+    pv, qv = static_value(p), static_value(q)
     if pv is not None and qv is not None:
         return (1.0 if math.isinf(qv) else geom.d_out ** (1.0 / qv)) / geom.d_in ** (1.0 / pv)
     p = jnp.asarray(p, jnp.float32)
@@ -245,11 +230,11 @@ def _scale_by_fan_ratio(p, q, gmap) -> optax.GradientTransformation:
             return u
         return (u.astype(jnp.promote_types(u.dtype, jnp.float32)) * f).astype(u.dtype)
 
-    def update_fn(updates, state, params=None):
-        del params
+    def update_fn(updates, state, params=None, **extra_args):
+        del params, extra_args
         return map_with_geometry(leaf, gmap, updates), state
 
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
 
 
 def rescaled_adamw(
@@ -274,19 +259,23 @@ def rescaled_adamw(
     ``d_out`` of each slice / QKV block from the geometry; conv fan-in =
     window x channels) and ``s = 1`` for embeddings and vectors, whose
     input width is 1. The default ``p = 1, q = inf`` gives ``1/d_in``:
-    muP's Adam rule for hidden and output matrices (an Adam step is close to
-    ``sign(G)``, whose (1,mean)->(inf,mean) norm is ``d_in``). ``p = q = 2``
-    gives the spectral-condition factor ``sqrt(d_out / d_in)``.
+    muP's Adam rule for hidden and output matrices, and the factor that meets
+    the spectral condition: an Adam step is close to ``sign(G)``, whose
+    spectral norm is about ``sqrt(d_in d_out)`` for a dense sign pattern, so
+    ``sqrt(d_out / d_in) / sqrt(d_in d_out) = 1 / d_in``. Other ``(p, q)``
+    give other factors; ``p = q = 2`` gives ``sqrt(d_out / d_in)``, which
+    does *not* meet the spectral condition for a sign-like step (it is
+    ``sqrt(d_in d_out)`` times too large).
     Other arguments are those of ``optax.adamw`` (weight decay is decoupled
     and not rescaled; ``weight_decay_mask=None`` spares vectors, as
     :func:`spectral_optax.mup_adamw`).
 
     References:
       Yang et al. (2022), "Tensor Programs V"; Wong, Xu, Li, Lu (2026);
-      REFERENCE.md section 3.
+      docs/math.md section 3.
     """
-    _check_p(p)
-    qv = _static(q)
+    check_p(p)
+    qv = static_value(q)
     if qv is not None and not qv > 0:
         raise ValueError(f"q must be in (0, inf], got {q!r}")
     gmap = as_geometry_map(geometry)

@@ -2,8 +2,8 @@
 
 For every hidden matrix (per batch slice of its canonical view)::
 
-    m_t = beta m_{t-1} + (1 - beta) g_t                       (EMA momentum)
-    n_t = beta m_t + (1 - beta) g_t  (Nesterov)  or  m_t
+    m_t = momentum m_{t-1} + (1 - momentum) g_t               (EMA momentum)
+    n_t = momentum m_t + (1 - momentum) g_t  (Nesterov)  or  m_t
     W  <- W - lr * (scale * NS(n_t) + weight_decay * W)      (NS(G) ~ U V^T)
 
 with ``scale = sqrt(d_out / d_in)`` by default (the spectral condition; see
@@ -23,84 +23,52 @@ with ``scale = sqrt(d_out / d_in)`` by default (the spectral condition; see
 References:
   Jordan et al. (2024), Muon; Liu et al. (2025), "Muon is Scalable for LLM
   Training"; Large et al. (2024), modular norm (Embed); Pethick et al. (2025),
-  Scion. REFERENCE.md sections 3-4.
+  Scion. The math: docs/math.md (spectral norm, Newton-Schulz).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 
-from spectral_optax._duals.embedding import normalize_fan_out_rms
-from spectral_optax._geometry import (
-    Geometry,
-    GeometryLike,
-    GeometryMap,
-    as_geometry_map,
-)
 from spectral_optax._duals.polar import Coefficients
-from spectral_optax._transforms.dual import dual_map_transform
+from spectral_optax._geometry import Geometry, GeometryLike, as_geometry_map
+from spectral_optax._optimizers.common import geometry_partition
+from spectral_optax._transforms.momentum import ema_momentum
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
+from spectral_optax._transforms.spectral import scale_by_fan_out_rms
+from spectral_optax._transforms.weight_decay import (
+    decay_then_learning_rate,
+    is_literal_zero,
+)
 
-ROUTES = ("muon", "adamw", "normalize")
+__all__ = ["muon", "MUON_ROUTES"]
 
-
-class EmaMomentumState(NamedTuple):
-    """``mu``: the EMA of the gradients (same tree as the params)."""
-
-    mu: Any
-
-
-def _ema_momentum(beta, nesterov: bool, mu_dtype) -> optax.GradientTransformation:
-    """``m <- beta m + (1 - beta) g``; returns ``beta m + (1 - beta) g`` (Nesterov) or ``m``.
-
-    No bias correction: every route after it is invariant to the update's scale.
-    """
-
-    def init_fn(params):
-        return EmaMomentumState(
-            jax.tree.map(lambda p: jnp.zeros(p.shape, mu_dtype or p.dtype), params)
-        )
-
-    def update_fn(updates, state, params=None):
-        del params
-
-        def ema(m, g):  # in float32 (or wider) whatever the storage dtype
-            dtype = jnp.promote_types(g.dtype, jnp.float32)
-            return beta * m.astype(dtype) + (1 - beta) * g.astype(dtype)
-
-        mu32 = jax.tree.map(ema, state.mu, updates)
-        if nesterov:
-            out = jax.tree.map(lambda m, g: ema(m, g).astype(g.dtype), mu32, updates)
-        else:
-            out = jax.tree.map(lambda m, g: m.astype(g.dtype), mu32, updates)
-        mu = jax.tree.map(lambda m, old: m.astype(old.dtype), mu32, state.mu)
-        return out, EmaMomentumState(mu)
-
-    return optax.GradientTransformation(init_fn, update_fn)
-
-
-def _normalize_fan_out(geometry: GeometryLike) -> optax.GradientTransformation:
-    """Every fan-in index's fan-out vector scaled to RMS 1 (l1 -> RMS dual)."""
-    return dual_map_transform(normalize_fan_out_rms, geometry)
+#: Built-in routes of :func:`muon` (values of ``embedding=``, ``vector=``, ``output=``).
+MUON_ROUTES = ("muon", "adamw", "normalize")
 
 
 def _check_route(name, value):
-    if isinstance(value, optax.GradientTransformation):
+    if isinstance(value, optax.GradientTransformation) or value in MUON_ROUTES:
         return
-    if value not in ROUTES:
-        raise ValueError(
-            f"{name}= must be one of {ROUTES} or an optax.GradientTransformation, got {value!r}"
-        )
+    raise ValueError(f"{name}= must be one of {MUON_ROUTES} or an optax.GradientTransformation, got {value!r}")
+
+
+def _decay_mask_fn(weight_decay_mask):
+    """``params -> tree of bools`` from a tree, a bool or a callable (None: by geometry, see muon)."""
+    if callable(weight_decay_mask):
+        return weight_decay_mask
+    if isinstance(weight_decay_mask, bool):
+        return lambda params: jax.tree.map(lambda _: weight_decay_mask, params)
+    return lambda params: jax.tree.map(lambda _, m: bool(m), params, weight_decay_mask)
 
 
 def muon(
     learning_rate: optax.ScalarOrSchedule,
     *,
-    beta: float = 0.95,
+    momentum: float = 0.95,
     nesterov: bool = True,
     weight_decay: float = 0.0,
     weight_decay_mask: Any = None,
@@ -119,7 +87,7 @@ def muon(
     adam_eps: float = 1e-8,
     adam_weight_decay: float = 0.0,
     mu_dtype: Any = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """Muon with geometry-aware routing.
 
     Hidden matrices (``kind='matrix'``, ``role='hidden'``)::
@@ -131,16 +99,21 @@ def muon(
     of ``U V^T``. Other leaves are routed by kind (``embedding=``,
     ``vector=``) and role (``output=``) to ``'adamw'``, ``'normalize'`` (EMA
     momentum, each fan-out vector to RMS 1, decoupled weight decay, lr),
-    ``'muon'``, or a transformation of your own.
+    ``'muon'``, or a transformation of your own (used as is: it must include
+    its learning rate).
+
+    The optimizer is one table ``{route: transform}`` (the routes above,
+    each with and without decay) partitioned by geometry; the table does not
+    depend on the model, so ``optax.tree_map_params`` works on the state.
 
     Args:
       learning_rate: learning rate or schedule of the Muon and normalize routes.
-      beta: EMA momentum coefficient.
-      nesterov: use the Nesterov form ``beta m_t + (1 - beta) g_t``.
+      momentum: EMA momentum coefficient.
+      nesterov: use the Nesterov form ``momentum m_t + (1 - momentum) g_t``.
       weight_decay: decoupled weight decay of the Muon / normalize routes
         (multiplied by the learning rate, as in ``optax.adamw``).
       weight_decay_mask: ``None`` (decay matrices and embeddings, not
-        vectors), a tree of bools like the params, or a function
+        vectors), a bool, a tree of bools like the params, or a function
         ``params -> tree of bools``. Applies to every route (with
         ``adam_weight_decay`` on the AdamW route).
       geometry: geometry overrides, see :func:`spectral_optax.as_geometry_map`.
@@ -162,99 +135,53 @@ def muon(
       mu_dtype: dtype of the momentum buffers (default: the param's dtype).
 
     Returns:
-      An ``optax.GradientTransformation``. Works under
+      An ``optax.GradientTransformationExtraArgs``. Works under
       ``optax.inject_hyperparams`` (pass callables such as
       ``weight_decay_mask`` in ``static_args``); its state is a tree of arrays.
 
     References:
       Jordan et al. (2024), Muon; Liu et al. (2025), Moonlight; Amsel et al.
-      (2025), Polar Express. REFERENCE.md sections 3-4.
+      (2025), Polar Express. The math: docs/math.md.
     """
     routes = {"embedding": embedding, "vector": vector, "output": output}
     for name, value in routes.items():
         _check_route(name, value)
-    if ns_method not in ("auto", "standard", "gram"):
-        raise ValueError(f"ns_method must be 'auto', 'standard' or 'gram', got {ns_method!r}")
     gmap = as_geometry_map(geometry)
     adam_lr = learning_rate if adam_learning_rate is None else adam_learning_rate
 
-    def route_of(g: Geometry) -> tuple[str, Any]:
-        if g.kind == "matrix":
-            key = "output" if g.role == "output" else None
-        else:
-            key = g.kind
-        value = "muon" if key is None else routes[key]
+    def momentum_then(direction):
+        return [ema_momentum(momentum, nesterov=nesterov, mu_dtype=mu_dtype), direction]
+
+    # Built once here: validates the Newton-Schulz options at construction.
+    orthogonalize = orthogonalize_via_newton_schulz(
+        geometry=gmap, scale=scale, ns_coefficients=ns_coefficients, ns_steps=ns_steps,
+        ns_method=ns_method, compute_dtype=compute_dtype,
+    )
+    heads = {
+        "muon": momentum_then(orthogonalize),
+        "normalize": momentum_then(scale_by_fan_out_rms(geometry=gmap)),
+    }
+    table: dict[str, optax.GradientTransformation] = {}
+    for name, parts in heads.items():
+        table[name] = optax.chain(*parts, *decay_then_learning_rate(learning_rate, weight_decay, True))
+        table[name + ":nodecay"] = optax.chain(*parts, *decay_then_learning_rate(learning_rate, 0.0))
+    for name, wd in (("adamw", adam_weight_decay), ("adamw:nodecay", 0.0)):
+        table[name] = optax.adamw(adam_lr, b1=adam_b1, b2=adam_b2, eps=adam_eps, weight_decay=wd, mu_dtype=mu_dtype)
+    for key, value in routes.items():
         if isinstance(value, optax.GradientTransformation):
-            return f"custom:{key}", value
-        return value, None
+            table[f"custom:{key}"] = value
+            table[f"custom:{key}:nodecay"] = value
 
-    def decay_mask(params, geoms):
-        if weight_decay_mask is None:
-            return jax.tree.map(lambda g: g.kind != "vector", geoms)
-        mask = weight_decay_mask(params) if callable(weight_decay_mask) else weight_decay_mask
-        if isinstance(mask, bool):
-            return jax.tree.map(lambda _: mask, params)
-        return jax.tree.map(lambda _, m: bool(m), params, mask)
+    def route_of(_path: str, g: Geometry) -> str:
+        key = ("output" if g.role == "output" else None) if g.kind == "matrix" else g.kind
+        value = "muon" if key is None else routes[key]
+        return f"custom:{key}" if isinstance(value, optax.GradientTransformation) else value
 
-    def build(tree):
-        geoms = gmap.tree(tree)
-        explicit = GeometryMap(tree=geoms)  # one resolution, shared by every route
-        mask = decay_mask(tree, geoms)
-        is_geom = lambda x: isinstance(x, Geometry)
-        custom: dict[str, optax.GradientTransformation] = {}
-
-        def label(g, decay):
-            name, tx = route_of(g)
-            if tx is not None:
-                custom[name] = tx
-                return name
-            return name if decay else name + ":nodecay"
-
-        labels = jax.tree.map(label, geoms, mask, is_leaf=is_geom)
-        used = set(jax.tree.leaves(labels))
-        transforms = {}
-        for lab in used:
-            if lab in custom:
-                transforms[lab] = custom[lab]
-                continue
-            route, decay = lab.split(":")[0], not lab.endswith(":nodecay")
-            if route == "adamw":
-                transforms[lab] = optax.adamw(
-                    adam_lr,
-                    b1=adam_b1,
-                    b2=adam_b2,
-                    eps=adam_eps,
-                    weight_decay=adam_weight_decay if decay else 0.0,
-                    mu_dtype=mu_dtype,
-                )
-                continue
-            if route == "muon":
-                direction = orthogonalize_via_newton_schulz(
-                    geometry=explicit,
-                    scale=scale,
-                    coefficients=ns_coefficients,
-                    steps=ns_steps,
-                    compute_dtype=compute_dtype,
-                    method=ns_method,
-                )
-            else:
-                direction = _normalize_fan_out(explicit)
-            transforms[lab] = optax.chain(
-                _ema_momentum(beta, nesterov, mu_dtype),
-                direction,
-                # A literal 0 skips the pass (an injected hyperparameter is an
-                # array: then the structure must not depend on its value).
-                optax.identity()
-                if not decay or (isinstance(weight_decay, (int, float)) and weight_decay == 0)
-                else optax.add_decayed_weights(weight_decay),
-                optax.scale_by_learning_rate(learning_rate),
-            )
-        return optax.partition(transforms, labels)
-
-    def init_fn(params):
-        return build(params).init(params)
-
-    def update_fn(updates, state, params=None):
-        return build(updates).update(updates, state, params)
-
-    return optax.GradientTransformation(init_fn, update_fn)
+    skip_decay = is_literal_zero(weight_decay) and is_literal_zero(adam_weight_decay)
+    split = None
+    if not skip_decay:
+        split = _decay_mask_fn(weight_decay_mask) if weight_decay_mask is not None else (
+            lambda params: jax.tree.map(lambda g: g.kind != "vector", gmap.tree(params),
+                                        is_leaf=lambda x: isinstance(x, Geometry))
+        )
+    return geometry_partition(table, route_of, gmap, split=split)

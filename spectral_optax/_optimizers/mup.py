@@ -23,7 +23,7 @@ from typing import Any, Callable
 import optax
 
 from spectral_optax._geometry import GeometryLike, as_geometry_map
-from spectral_optax._optimizers.common import decay_then_learning_rate
+from spectral_optax._transforms.weight_decay import decay_then_learning_rate
 from spectral_optax._transforms.parametrization import scale_by_parametrization1
 from spectral_optax._transforms.spectral import scale_by_spectral_norm
 

@@ -13,20 +13,26 @@ from collections.abc import Callable
 import jax
 import optax
 
-from spectral_optax._geometry import GeometryLike, as_geometry_map, from_matrix, map_with_geometry, to_matrix
+from spectral_optax._geometry import (
+    GeometryLike,
+    as_geometry_map,
+    from_matrix,
+    map_with_geometry,
+    to_matrix,
+)
 
 
 def dual_map_transform(
     dual: Callable[[jax.Array], jax.Array], geometry: GeometryLike = None
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """A stateless ``GradientTransformation`` applying ``dual`` per leaf on the canonical view."""
     gmap = as_geometry_map(geometry)
 
     def leaf(g, u):
         return from_matrix(dual(to_matrix(u, g)), g)
 
-    def update_fn(updates, state, params=None):
-        del params
+    def update_fn(updates, state, params=None, **extra_args):
+        del params, extra_args
         return map_with_geometry(leaf, gmap, updates), state
 
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)

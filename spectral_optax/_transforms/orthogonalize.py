@@ -24,7 +24,7 @@ References:
   Jordan et al. (2024), Muon; Bernstein & Newhouse (2024), "Old Optimizer,
   New Norm"; Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature
   Learning"; Liu et al. (2025), "Muon is Scalable for LLM Training".
-  REFERENCE.md sections 3-4.
+  The math: docs/math.md.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from spectral_optax._duals.polar import (
+    Coefficients,
+    newton_schulz,
+    resolve_coefficients,
+)
 from spectral_optax._geometry import (
     KINDS,
     Geometry,
@@ -47,9 +52,9 @@ from spectral_optax._geometry import (
     path_str,
     to_matrix,
 )
-from spectral_optax._duals.polar import Coefficients, newton_schulz, resolve_coefficients
 
 SCALES = ("spectral", "muon", "rms")
+NS_METHODS = ("auto", "standard", "gram")
 
 
 def orthogonal_update_scale(geometry: Geometry, scale: Any = "spectral"):
@@ -79,10 +84,10 @@ def orthogonalize_via_newton_schulz(
     *,
     geometry: GeometryLike = None,
     scale: Any = "spectral",
-    coefficients: Coefficients = "quintic",
-    steps: int | None = None,
+    ns_coefficients: Coefficients = "quintic",
+    ns_steps: int | None = None,
     compute_dtype: Any = None,
-    method: str = "auto",
+    ns_method: str = "auto",
     norm_safety: float | None = None,
     kinds: Sequence[str] = KINDS,
     precision: Any = None,
@@ -103,14 +108,14 @@ def orthogonalize_via_newton_schulz(
       scale: ``'spectral'`` (default, ``sqrt(d_out / d_in)``), ``'muon'``
         (``sqrt(max(1, d_out / d_in))``), ``'rms'`` (``0.2 sqrt(max(d_in,
         d_out))``), a number or a function ``geometry -> number``.
-      coefficients: ``'quintic'`` (Muon's, 5 steps), ``'polar_express'``
+      ns_coefficients: ``'quintic'`` (Muon's, 5 steps), ``'polar_express'``
         (8 steps by default), an ``(a, b, c)`` triple, a table or a function
         ``(batch, d_in, d_out) -> (batch, d_in, d_out)`` replacing the
         iteration; see :func:`spectral_optax.newton_schulz`.
-      steps: number of Newton-Schulz steps (default from ``coefficients``).
+      ns_steps: number of Newton-Schulz steps (default from ``coefficients``).
       compute_dtype: dtype of the iteration; ``None``: float32 on CPU,
         bfloat16 on GPU/TPU.
-      method: ``'auto'`` | ``'standard'`` | ``'gram'`` (Gram-space iteration for
+      ns_method: ``'auto'`` | ``'standard'`` | ``'gram'`` (Gram-space iteration for
         rectangular matrices; ``'auto'`` uses it in float32 when it saves flops).
       norm_safety: Frobenius-normalization safety factor (default per schedule).
       kinds: geometry kinds to orthogonalize; other leaves pass through.
@@ -123,19 +128,21 @@ def orthogonalize_via_newton_schulz(
 
     References:
       Jordan et al. (2024), Muon; Amsel et al. (2025), The Polar Express;
-      Yang, Simon, Bernstein (2023). REFERENCE.md sections 3-4.
+      Yang, Simon, Bernstein (2023). docs/math.md sections 3-4.
     """
     if isinstance(scale, str) and scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, a number or a function, got {scale!r}")
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise ValueError(f"kinds must be a subset of {KINDS}, got {tuple(kinds)}")
-    resolve_coefficients(coefficients, steps)  # validate early
+    if ns_method not in NS_METHODS:
+        raise ValueError(f"ns_method must be one of {NS_METHODS}, got {ns_method!r}")
+    resolve_coefficients(ns_coefficients, ns_steps)  # validate at construction
     gmap = as_geometry_map(geometry)
     kinds = tuple(kinds)
 
-    def update_fn(updates, state, params=None):
-        del params
+    def update_fn(updates, state, params=None, **extra_args):
+        del params, extra_args
         flat, treedef = jax.tree_util.tree_flatten_with_path(updates)
         idx = [i for i, (_, x) in enumerate(flat) if hasattr(x, "shape")]
         geoms = gmap.resolve(
@@ -155,10 +162,10 @@ def orthogonalize_via_newton_schulz(
             )
             ortho = newton_schulz(
                 stacked,
-                coefficients,
-                steps=steps,
+                ns_coefficients,
+                steps=ns_steps,
                 compute_dtype=compute_dtype,
-                method=method,
+                method=ns_method,
                 norm_safety=norm_safety,
                 precision=precision,
             )
@@ -174,4 +181,4 @@ def orthogonalize_via_newton_schulz(
                 out[i] = from_matrix(block, g)
         return jax.tree_util.tree_unflatten(treedef, out), state
 
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)

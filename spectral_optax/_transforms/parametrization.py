@@ -19,7 +19,7 @@ SGD / Adam with the tuned learning rate, and wider models inherit it.
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning",
   Parametrization 1. Yang et al. (2021), "Tensor Programs V" (muP tables,
-  base shapes). REFERENCE.md section 2.
+  base shapes). docs/math.md section 2.
 """
 
 from __future__ import annotations
@@ -29,9 +29,15 @@ from typing import Any
 import jax.numpy as jnp
 import optax
 
-from spectral_optax._geometry import Geometry, GeometryError, GeometryLike, as_geometry_map, map_with_geometry
+from spectral_optax._geometry import (
+    Geometry,
+    GeometryError,
+    GeometryLike,
+    as_geometry_map,
+    map_with_geometry,
+)
 
-KINDS = ("sgd", "adam")
+P1_RULES = ("sgd", "adam")
 
 
 def lr_multiplier(geometry: Geometry, kind: str) -> float:
@@ -44,7 +50,7 @@ def lr_multiplier(geometry: Geometry, kind: str) -> float:
         return geometry.d_out / geometry.input_width
     if kind == "adam":
         return 1.0 / geometry.input_width
-    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    raise ValueError(f"kind must be one of {P1_RULES}, got {kind!r}")
 
 
 def base_multipliers(base: Any, kind: str, geometry: GeometryLike = None) -> dict[str, float]:
@@ -95,8 +101,8 @@ def scale_by_parametrization1(
     References:
       Yang, Simon, Bernstein (2023), Parametrization 1; Yang et al. (2021), muP.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind not in P1_RULES:
+        raise ValueError(f"kind must be one of {P1_RULES}, got {kind!r}")
     gmap = as_geometry_map(geometry)
     at_base = base_multipliers(base, kind, gmap) if base is not None else None
 

@@ -8,14 +8,19 @@ and reshaped back. The transforms are stateless and scale-invariant, so put
 momentum before them and the learning rate after them.
 
 References:
-  REFERENCE.md section 3; Wong, Xu, Li, Lu (2026) (MOGA).
+  docs/math.md section 3; Wong, Xu, Li, Lu (2026) (MOGA).
 """
 
 from __future__ import annotations
 
 import optax
 
-from spectral_optax._duals.row_column import _check_p, _check_q, column_normalize, row_normalize
+from spectral_optax._duals.row_column import (
+    check_p,
+    check_q,
+    column_direction,
+    row_direction,
+)
 from spectral_optax._geometry import GeometryLike
 from spectral_optax._transforms.dual import dual_map_transform
 
@@ -54,10 +59,10 @@ def scale_by_row_norm(
       (computed in float32 or wider).
 
     References:
-      REFERENCE.md section 3; Wong, Xu, Li, Lu (2026).
+      docs/math.md section 3; Wong, Xu, Li, Lu (2026).
     """
-    _check_p(p)
-    return dual_map_transform(lambda m: row_normalize(m, p, fan_scaling=fan_scaling), geometry)
+    check_p(p)
+    return dual_map_transform(lambda m: row_direction(m, p, fan_scaling=fan_scaling), geometry)
 
 
 def scale_by_col_norm(
@@ -84,10 +89,10 @@ def scale_by_col_norm(
       A stateless ``optax.GradientTransformation``.
 
     References:
-      REFERENCE.md section 3; Wong, Xu, Li, Lu (2026).
+      docs/math.md section 3; Wong, Xu, Li, Lu (2026).
     """
-    _check_q(q)
-    return dual_map_transform(lambda m: column_normalize(m, q, fan_scaling=fan_scaling), geometry)
+    check_q(q)
+    return dual_map_transform(lambda m: column_direction(m, q, fan_scaling=fan_scaling), geometry)
 
 
 def scale_by_sign() -> optax.GradientTransformation:

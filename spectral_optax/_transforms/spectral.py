@@ -15,7 +15,7 @@ spectral norm ``sqrt(d_out / 1)``.
 
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning",
-  Condition 1 and section 3. REFERENCE.md sections 2-3.
+  Condition 1 and section 3. The math: docs/math.md.
 """
 
 from __future__ import annotations
@@ -28,9 +28,28 @@ import optax
 
 from spectral_optax._duals.embedding import normalize_fan_out_rms
 from spectral_optax._duals.spectral import frobenius_normalize, spectral_normalize_power
-from spectral_optax._geometry import Geometry, GeometryLike, from_matrix, map_with_geometry, to_matrix
+from spectral_optax._geometry import (
+    Geometry,
+    GeometryLike,
+    as_geometry_map,
+    from_matrix,
+    map_with_geometry,
+    to_matrix,
+)
+from spectral_optax._transforms.dual import dual_map_transform
 
 METHODS = ("frobenius", "power")
+
+
+def scale_by_fan_out_rms(*, geometry: GeometryLike = None) -> optax.GradientTransformationExtraArgs:
+    """Every fan-in index's fan-out vector scaled to RMS 1 (the l1 -> RMS dual).
+
+    The steepest-descent direction of an embedding table (one-hot inputs);
+    for a vector (``d_in = 1``) the whole vector is scaled to RMS 1. This is
+    :func:`scale_by_spectral_norm`'s rule for embeddings and vectors, and
+    ``muon``'s ``'normalize'`` route. Stateless.
+    """
+    return dual_map_transform(normalize_fan_out_rms, geometry)
 
 
 class ScaleBySpectralNormState(NamedTuple):
@@ -73,6 +92,7 @@ def scale_by_spectral_norm(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    geometry = as_geometry_map(geometry)  # resolved once per tree, shared by init and update
     for name, value in (("power_iterations", power_iterations), ("initial_power_iterations", initial_power_iterations)):
         # Values injected by optax.inject_hyperparams arrive as tracers: they
         # are only checked when concrete.
@@ -93,8 +113,8 @@ def scale_by_spectral_norm(
 
         return ScaleBySpectralNormState(count, map_with_geometry(init_vectors, geometry, params))
 
-    def update_fn(updates, state, params=None):
-        del params
+    def update_fn(updates, state, params=None, **extra_args):
+        del params, extra_args
         iterations = jnp.where(state.count == 0, initial_power_iterations, power_iterations)
 
         def leaf(g: Geometry, u, v):
@@ -113,4 +133,4 @@ def scale_by_spectral_norm(
         count = optax.safe_increment(state.count)
         return new_updates, ScaleBySpectralNormState(count, new_vectors)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -56,7 +56,14 @@ from spectral_optax.lab._data import (
     load,
     text,
 )
-from spectral_optax.lab._models import MLP, Model, embed_init, kernel_init, loss_for, mlp_family
+from spectral_optax.lab._models import (
+    MLP,
+    Model,
+    embed_init,
+    kernel_init,
+    loss_for,
+    mlp_family,
+)
 from spectral_optax.lab._plots import plot_sweep, plot_sweeps, savefig
 from spectral_optax.lab._summary import lr_grid, refine_minimum, spread_steps, summarize
 from spectral_optax.lab._sweep import SweepResult, append_run, load_runs, sweep

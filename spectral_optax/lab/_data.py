@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+
 import numpy as np
 
 __all__ = [

@@ -17,7 +17,7 @@ Module names follow Flax conventions the geometry inference understands:
 ``head`` (role ``'output'``).
 
 References:
-  Yang, Simon, Bernstein (2023), Parametrization 1. REFERENCE.md sections 2, 5.
+  Yang, Simon, Bernstein (2023), Parametrization 1. docs/math.md sections 2, 5.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class MLP(nn.Module):
     table of ``context * 256`` rows; the rows are summed). Then ``depth``
     hidden layers of width ``width``: plain ``h <- act(Dense(h))``, or with
     ``residual=True`` blocks ``h <- h + alpha * Dense(act(Dense(act(h))))``
-    (two linear layers per branch, REFERENCE.md section 5). A ``head`` Dense
+    (two linear layers per branch, docs/math.md section 5). A ``head`` Dense
     maps to ``num_outputs``.
 
     Attributes:

@@ -1,0 +1,63 @@
+"""``ema_momentum``: the one momentum transform of ``muon`` and ``moga``.
+
+    mu_t = momentum * mu_{t-1} + (1 - momentum) * g_t
+    out  = momentum * mu_t + (1 - momentum) * g_t     (nesterov=True)
+           mu_t                                        (nesterov=False)
+
+No bias correction: every dual map placed after it is invariant to the
+update's scale, so the correction would not change a step without Nesterov
+(with Nesterov this is Muon's published form). The average is taken in
+float32 or wider whatever the storage dtype (``mu_dtype``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+__all__ = ["EmaMomentumState", "ema_momentum"]
+
+
+class EmaMomentumState(NamedTuple):
+    """``mu``: the exponential moving average of the gradients (a tree like the params)."""
+
+    mu: Any
+
+
+def _wide(x):
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def ema_momentum(
+    momentum: float = 0.95, *, nesterov: bool = False, mu_dtype: Any = None
+) -> optax.GradientTransformation:
+    """EMA momentum, optionally in Nesterov form; see the module docstring.
+
+    Args:
+      momentum: the EMA coefficient (a float, or an array injected by
+        ``optax.inject_hyperparams``).
+      nesterov: emit ``momentum * mu_t + (1 - momentum) * g_t`` instead of ``mu_t``.
+      mu_dtype: storage dtype of ``mu`` (default: each parameter's dtype).
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs``; the output has the
+      gradient's dtype.
+    """
+    mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
+
+    def init_fn(params):
+        return EmaMomentumState(jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), mu_dtype or p.dtype), params))
+
+    def update_fn(updates, state, params=None, **extra_args):
+        del params, extra_args
+        wide_g = jax.tree.map(_wide, updates)
+        mu = optax.tree.update_moment(wide_g, jax.tree.map(_wide, state.mu), momentum, 1)
+        out = optax.tree.update_moment(wide_g, mu, momentum, 1) if nesterov else mu
+        out = jax.tree.map(lambda o, g: o.astype(g.dtype), out, updates)
+        mu = jax.tree.map(lambda m, old: m.astype(old.dtype), mu, state.mu)
+        return out, EmaMomentumState(mu)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
