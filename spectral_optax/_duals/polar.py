@@ -337,8 +337,9 @@ def newton_schulz_method(
 
     The Gram-space variant has no self-correction through ``X``: the round-off
     of every Gram-space product accumulates in ``Q`` (in bfloat16 it is
-    unstable; at TensorFloat-32, 10 mantissa bits, Polar Express 8 steps ends
-    up ~0.3 away from 1 instead of 1e-4). So ``'auto'`` picks it only when
+    unstable; at TensorFloat-32, 10 mantissa bits, Polar Express 8 steps was
+    measured 0.29 away from 1 on an NVIDIA H200, against < 1e-4 at float32).
+    So ``'auto'`` picks it only when
 
     * the compute ``dtype`` has >= 32 bits **and** the matmuls run at
       ``Precision.HIGHEST`` (:func:`resolve_precision`: the default for
