@@ -10,6 +10,9 @@ import pytest
 from spectral_optax import Geometry
 from spectral_optax import diagnostics as dg
 
+# float64 references: run the JAX side with float32-accurate matmuls on every backend (conftest.py)
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 
 def gaussian(seed, shape, std=1.0):
     return (std * np.random.default_rng(seed).standard_normal(shape)).astype(np.float32)
