@@ -134,6 +134,9 @@ class MLP(nn.Module):
       gain: kernel gain for ``'spectral'`` (``sqrt(2)`` for ReLU).
       head_init: override of the head kernel initializer (e.g. zeros).
       dtype: parameter dtype.
+      compute_dtype: dtype of the layers' arithmetic (``None``: the
+        parameters'); ``jnp.bfloat16`` with float32 parameters is the usual
+        mixed precision on GPUs/TPUs. The loss is always taken in float32.
     """
 
     width: int
@@ -147,26 +150,28 @@ class MLP(nn.Module):
     gain: float = math.sqrt(2.0)
     head_init: Callable | None = None
     dtype: Any = jnp.float32
+    compute_dtype: Any = None
 
     @nn.compact
     def __call__(self, x):
         kinit = kernel_init(self.parametrization, self.gain)
         dense = lambda n, name, k=kinit: nn.Dense(
-            n, use_bias=self.use_bias, kernel_init=k, param_dtype=self.dtype, name=name
+            n, use_bias=self.use_bias, kernel_init=k, param_dtype=self.dtype, dtype=self.compute_dtype, name=name
         )
         if self.input == "bytes":
             context = x.shape[-1]
             ids = x.astype(jnp.int32) + 256 * jnp.arange(context)
             table = nn.Embed(
                 context * 256, self.width, embedding_init=embed_init(self.parametrization),
-                param_dtype=self.dtype, name="embed",
+                param_dtype=self.dtype, dtype=self.compute_dtype, name="embed",
             )
             h = table(ids).sum(-2)
             if self.parametrization == "spectral":  # a sum of `context` Theta(1) rows: keep RMS ~ 1
                 h = h / math.sqrt(context)
         elif self.input == "dense":
             h = x.reshape(x.shape[0], -1) if x.ndim > 1 else x[None]
-            h = dense(self.width, "Dense_in")(h.astype(self.dtype))
+            cdtype = self.dtype if self.compute_dtype is None else self.compute_dtype
+            h = dense(self.width, "Dense_in")(h.astype(cdtype))
         else:
             raise ValueError(f"input must be 'dense' or 'bytes', got {self.input!r}")
         alpha = 1.0 if self.alpha is None else self.alpha
