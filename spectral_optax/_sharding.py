@@ -96,6 +96,23 @@ def spec_axes(entry) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+def on_auto_axes(fn: Callable, *args, num_outputs: int = 1):
+    """``fn(*args)`` with every ``Explicit`` mesh axis of the arguments turned ``Auto``
+    (``jax.sharding.auto_axes``), outputs replicated over them.
+
+    For small results of contractions over sharded axes (power-iteration
+    vectors), whose sharding ``Explicit`` types would otherwise ask for.
+    """
+    for x in jax.tree.leaves(args):
+        mesh = aval_mesh(x)
+        axes = tuple(a for a in distribution_axes(mesh) if is_explicit(mesh, (a,))) if mesh is not None else ()
+        if axes:
+            specs = P() if num_outputs == 1 else (P(),) * num_outputs
+            with jax.sharding.use_abstract_mesh(mesh):
+                return jax.sharding.auto_axes(fn, axes=axes, out_sharding=specs)(*args)
+    return fn(*args)
+
+
 # --------------------------------------------------------------------------
 # shard_map / pmap: axis_name.
 # --------------------------------------------------------------------------

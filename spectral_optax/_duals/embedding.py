@@ -15,7 +15,7 @@ condition's target ``sqrt(d_out / 1)``.
 References:
   Large et al. (2024), "Scalable Optimization in the Modular Norm" (Embed);
   Pethick et al. (2025), "Training Deep Learning Models with Norm-Constrained
-  LMOs" (Scion ColNorm). REFERENCE.md section 3.
+  LMOs" (Scion ColNorm). docs/math.md.
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ import jax
 from spectral_optax._numerics import rms_normalize
 
 
-def normalize_fan_out_rms(m: jax.Array) -> jax.Array:
+def normalize_fan_out_rms(m: jax.Array, *, axis_name=None) -> jax.Array:
     """Scale every fan-in index's fan-out vector to RMS 1.
 
     Args:
       m: the canonical view ``(num_slices, d_in, d_out)`` of a gradient.
+      axis_name: inside ``shard_map``, the mesh axes splitting the fan-out
+        axis (axis 2); the RMS is reduced over them. ``None``: ``m`` is whole.
 
     Returns:
       ``m[s, j, :] / RMS(m[s, j, :])`` in ``m``'s dtype; all-zero rows stay
       zero (no NaN), magnitudes from 1e-30 to 1e30 stay finite.
     """
-    return rms_normalize(m, axis=-1).astype(m.dtype)
+    return rms_normalize(m, axis=-1, axis_name=axis_name).astype(m.dtype)

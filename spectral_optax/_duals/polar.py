@@ -2,7 +2,7 @@
 
 For a matrix ``G = U S V^T`` (thin SVD) the orthogonal polar factor ``U V^T``
 is the steepest-descent direction under the spectral norm (the RMS->RMS
-dual map, REFERENCE.md section 3). It is approximated without an SVD by
+dual map, docs/math.md). It is approximated without an SVD by
 iterating an odd quintic on the Frobenius-normalized matrix::
 
     X_0 = G / (||G||_F * safety)                 (so every sigma_i(X_0) <= 1)
@@ -33,7 +33,7 @@ References:
   networks" (modded-nanogpt).
   Amsel, Persson, Musco, Gower (2025), "The Polar Express: Optimal Matrix Sign
   Methods and Their Application to the Muon Algorithm", arXiv:2505.16932.
-  REFERENCE.md section 4.
+  docs/math.md.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -49,8 +49,8 @@ import numpy as np
 
 __all__ = [
     "MUON_QUINTIC",
-    "POLAR_EXPRESS_L",
     "POLAR_EXPRESS_CUSHION",
+    "POLAR_EXPRESS_L",
     "POLAR_EXPRESS_SAFETY",
     "newton_schulz",
     "newton_schulz_flops",
@@ -70,7 +70,7 @@ POLAR_EXPRESS_CUSHION: float = 0.02407327424182761
 POLAR_EXPRESS_SAFETY: float = 1.01
 
 Triple = tuple[float, float, float]
-Coefficients = Union[str, Triple, Sequence[Triple], np.ndarray, Callable[[jax.Array], jax.Array]]
+Coefficients = str | Triple | Sequence[Triple] | np.ndarray | Callable[[jax.Array], jax.Array]
 
 
 # --------------------------------------------------------------------------
@@ -243,15 +243,17 @@ def _dot(x, y, contract_x, contract_y, precision):
     )
 
 
-def _standard(x, table, wide: bool, precision):
-    """``X <- a X + (b A + c A^2) X`` with ``A`` on the short side."""
+def _standard(x, table, wide: bool, precision, axis_name=None):
+    """``X <- a X + (b A + c A^2) X`` with ``A`` on the short side (with
+    ``axis_name``: on the side that contracts the split axis, ``psum``-ed)."""
+    psum = (lambda a: a) if axis_name is None else (lambda a: jax.lax.psum(a, axis_name))
     for a, b, c in table:
         if wide:  # (B, m, n), m <= n: A = X X^T (m x m), update B X.
-            gram = _dot(x, x, 2, 2, precision)
+            gram = psum(_dot(x, x, 2, 2, precision))
             poly = b * gram + c * _dot(gram, gram, 2, 1, precision)
             x = a * x + _dot(poly, x, 2, 1, precision)
         else:  # tall: A = X^T X (n x n), update X B.
-            gram = _dot(x, x, 1, 1, precision)
+            gram = psum(_dot(x, x, 1, 1, precision))
             poly = b * gram + c * _dot(gram, gram, 2, 1, precision)
             x = a * x + _dot(x, poly, 2, 1, precision)
     return x
@@ -333,6 +335,8 @@ def newton_schulz(
     method: str = "auto",
     norm_safety: float | None = None,
     precision: Any = None,
+    axis_name: Any = None,
+    sharded_axis: int = -1,
 ) -> jax.Array:
     """Approximate orthogonal polar factor ``U V^T`` of every matrix in ``x``.
 
@@ -364,13 +368,22 @@ def newton_schulz(
       norm_safety: factor ``>= 1`` on the Frobenius norm; ``None``: 1.01 for
         ``'polar_express'`` (as published), 1 otherwise.
       precision: ``jax.lax.Precision`` for the matmuls (``None``: default).
+      axis_name: inside ``shard_map``: the mesh axes (a name or a tuple)
+        over which axis ``sharded_axis`` of every matrix is split. The
+        normalization uses ``pmax`` / ``psum`` over them, and every step
+        forms the Gram matrix by contracting the split axis and ``psum``-s
+        it (``X X^T`` for split columns, ``X^T X`` for split rows), so each
+        device updates its own block and the result equals the unsharded
+        iteration (standard method). ``None``: ``x`` holds whole matrices.
+      sharded_axis: ``-1`` (columns, e.g. a Flax kernel sharded on its
+        fan-out axis) or ``-2`` (rows); used with ``axis_name`` only.
 
     Returns:
       Array of ``x``'s shape and dtype.
 
     References:
       Jordan et al. (2024), Muon; Amsel et al. (2025), The Polar Express.
-      REFERENCE.md section 4.
+      docs/math.md.
     """
     x = jnp.asarray(x)
     if x.ndim < 2:
@@ -379,11 +392,17 @@ def newton_schulz(
         raise ValueError(f"method must be 'auto', 'standard' or 'gram', got {method!r}")
     out_dtype = x.dtype
     cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else default_compute_dtype()
-    *lead, m, n = x.shape
+    *_, m, n = x.shape
     xb = x.reshape((-1, m, n))
     if xb.shape[0] == 0 or m == 0 or n == 0:
         return jnp.zeros(x.shape, out_dtype)
     spec = resolve_coefficients(coefficients, steps)
+    if axis_name is not None:
+        if callable(spec):
+            raise ValueError("newton_schulz: axis_name needs a coefficient table, not a user function")
+        if sharded_axis not in (-1, -2, x.ndim - 1, x.ndim - 2):
+            raise ValueError(f"sharded_axis must be -1 (columns) or -2 (rows), got {sharded_axis}")
+        sharded_axis = -1 if sharded_axis in (-1, x.ndim - 1) else -2
     if callable(spec):
         y = spec(xb.astype(cdtype))
         if tuple(y.shape) != tuple(xb.shape):
@@ -401,11 +420,19 @@ def newton_schulz(
     ndtype = jnp.promote_types(xb.dtype, jnp.float32)
     xn = xb.astype(ndtype)
     amax = jnp.max(jnp.abs(xn), axis=(1, 2), keepdims=True)
+    if axis_name is not None:
+        amax = jax.lax.pmax(amax, axis_name)
     xn = xn / jnp.where(amax > 0, amax, 1).astype(ndtype)
-    fro = jnp.sqrt(jnp.sum(jnp.square(xn), axis=(1, 2), keepdims=True))
+    sumsq = jnp.sum(jnp.square(xn), axis=(1, 2), keepdims=True)
+    if axis_name is not None:
+        sumsq = jax.lax.psum(sumsq, axis_name)
+    fro = jnp.sqrt(sumsq)
     xn = xn / jnp.where(fro > 0, fro * safety, 1).astype(ndtype)
     xc = xn.astype(cdtype)
 
+    if axis_name is not None:
+        y = _standard(xc, table, sharded_axis == -1, precision, axis_name)
+        return y.astype(out_dtype).reshape(x.shape)
     wide = m <= n
     if _use_gram(method, m, n, len(table), cdtype):
         y = _gram(xc, table, wide, precision)

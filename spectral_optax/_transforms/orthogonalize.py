@@ -290,8 +290,9 @@ def _distributed(members, out, mesh, axes, orthogonalize):
     (one all-to-all) before it is split, so every leaf keeps its sharding. On
     ``Explicit`` meshes the layouts are read from the types and the shuffle
     runs under ``jax.sharding.auto_axes`` with each leaf's ``PartitionSpec``
-    as its output sharding; on ``Auto`` meshes ``shard_alike`` ties each
-    result to its input.
+    as its output sharding; on ``Auto`` meshes ``shard_alike`` ties the
+    result stack to the input stack (same-shape leaves are assumed to share
+    one layout there: the layouts are not in the types).
     """
     explicit = is_explicit(mesh, axes)
     specs = [explicit_spec(out[i], out[i].ndim) if explicit else None for i, _ in members]
@@ -335,8 +336,6 @@ def _distributed(members, out, mesh, axes, orthogonalize):
                 g = members[k][1]
                 block = _back(ortho[start : start + g.num_slices], g)
                 start += g.num_slices
-                if layout is None:
-                    block, _ = shard_alike(block, x)
                 blocks.append(block)
             return tuple(blocks)
 
