@@ -216,9 +216,9 @@ def measure(tree_name: str, n: int, repeats: int, quick: bool) -> list[dict]:
         except Exception as e:  # noqa: BLE001  (a third-party optimizer that does not compile here)
             rows.append({"tree": tree_name, "devices": n, "optimizer": name, "error": f"{type(e).__name__}: {e}"[:300]})
             continue
-        out = update(grads, state, params)
-        jax.block_until_ready(out)
         times = []
+        if repeats:
+            jax.block_until_ready(update(grads, state, params))
         for _ in range(repeats):
             t0 = time.perf_counter()
             jax.block_until_ready(update(grads, state, params))
@@ -227,7 +227,7 @@ def measure(tree_name: str, n: int, repeats: int, quick: bool) -> list[dict]:
             "tree": tree_name, "devices": n, "optimizer": name, "flops_per_device": flops,
             "collective_bytes": comm, "param_shard_bytes": shard_bytes,
             "bytes_over_shard": comm / shard_bytes, "flops_over_ns_total_per_device": flops / (ns_total / n),
-            "step_ms": 1e3 * float(np.median(times)),
+            "step_ms": 1e3 * float(np.median(times)) if times else None,
         })
         print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -239,7 +239,7 @@ def main(argv=None):
     ap.add_argument("--multihost", action="store_true", help="call jax.distributed.initialize() first")
     ap.add_argument("--json", default=None, help="write the rows here (process 0 only)")
     ap.add_argument("--quick", action="store_true", help="2-block GPT-2 tree, 2 repeats")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="timed steps (0: compile and read costs only)")
     ap.add_argument("--trees", default="fsdp,gpt2")
     args = ap.parse_args(argv)
     if args.multihost:
@@ -254,7 +254,7 @@ def main(argv=None):
     rows = []
     for tree in args.trees.split(","):
         for n in counts:
-            rows += measure(tree, n, 2 if args.quick else args.repeats, args.quick)
+            rows += measure(tree, n, min(2, args.repeats) if args.quick else args.repeats, args.quick)
     if args.json and jax.process_index() == 0:
         meta = {"jax": jax.__version__, "backend": jax.default_backend(), "device_count": total,
                 "processes": jax.process_count(), "date": time.strftime("%Y-%m-%d", time.gmtime())}
