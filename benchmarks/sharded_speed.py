@@ -195,6 +195,7 @@ def measure(tree_name: str, n: int, repeats: int, quick: bool) -> list[dict]:
     devices = np.array(jax.devices()[:n])
     mesh = jax.sharding.Mesh(devices, ("data",))
     specs = fsdp_specs(shapes, n)
+    spec_for = lambda shape: fsdp_specs({"x": shape}, n)["x"]
     is_shape = lambda s: isinstance(s, tuple)
     key = iter(jax.random.split(jax.random.key(0), 4096))
 
@@ -209,7 +210,10 @@ def measure(tree_name: str, n: int, repeats: int, quick: bool) -> list[dict]:
     rows = []
     for name, make_tx in OPTIMIZERS.items():
         tx = make_tx(geometry)
-        state = jax.jit(tx.init)(params)
+        # Optimizer state in the parameters' shardings (on Auto meshes a jitted init returns fresh
+        # zeros unsharded); the FSDP rule depends on the shape only, so it applies to state leaves too.
+        state = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, spec_for(tuple(x.shape)))),
+                             jax.jit(tx.init)(params))
         update = jax.jit(tx.update)
         try:
             flops, comm = compiled_costs(update, grads, state, params)

@@ -217,3 +217,43 @@ for name in ["spectral_sgd", "mup_sgd", "mup_adamw", "muon", "moga"]:
         devices=4,
     )
     assert "ok spectral_sgd" in out and "ok mup_adamw" in out
+
+
+def test_sweep_run_axis_over_8_devices_equals_one_device():
+    """``lab.sweep(devices=8)``: 5 runs (padded to 8) split over 8 host devices; every record equals
+    the one-device sweep, the programs' run axis is sharded, and resume still skips finished runs."""
+    out = run_script(
+        """
+import json, os, tempfile
+import jax, numpy as np, optax
+import spectral_optax as so
+from spectral_optax import lab
+
+data = lab.digits()
+fam = lab.mlp_family(data, vary="width", depth=1, init="spectral")
+opt = lambda lr, n: so.muon(lr)
+kw = dict(steps=6, batch_size=16, seeds=[0], progress=False, size_name="width", chunks=2)
+lrs = lab.lr_grid(1e-2, 5)
+tmp = tempfile.mkdtemp()
+one = lab.sweep(fam, opt, [8], lrs, data, results=os.path.join(tmp, "one.jsonl"), **kw)
+many = lab.sweep(fam, opt, [8], lrs, data, results=os.path.join(tmp, "many.jsonl"), devices=8, **kw)
+assert len(one.runs) == len(many.runs) == 5
+for a, b in zip(one.runs, many.runs):
+    assert (a["lr"], a["seed"]) == (b["lr"], b["seed"])
+    np.testing.assert_allclose([b["train_loss"], b["val_loss"]], [a["train_loss"], a["val_loss"]], rtol=1e-5)
+    np.testing.assert_allclose(b["curve"], a["curve"], rtol=1e-5)
+assert len(open(os.path.join(tmp, "many.jsonl")).read().splitlines()) == 5  # padding runs not written
+# the compiled program's run axis is split over the 8 devices
+from spectral_optax.lab._sweep import _make_programs, _on_runs, _run_mesh
+mesh = _run_mesh(8)
+init_p, _, _ = _make_programs(fam(8), opt, 8, data, 16, 3, np.arange(8), mesh)
+state = init_p(_on_runs(mesh, np.full(8, 0.01, np.float32)), _on_runs(mesh, np.arange(8, dtype=np.uint32)))
+leaf = jax.tree.leaves(state)[0]
+assert len(leaf.sharding.device_set) == 8 and leaf.addressable_shards[0].data.shape[0] == 1, leaf.sharding
+again = lab.sweep(fam, opt, [8], lrs, data, results=os.path.join(tmp, "many.jsonl"), devices=8, **kw)
+assert len(again.runs) == 5 and len(open(os.path.join(tmp, "many.jsonl")).read().splitlines()) == 5
+print("ok sweep")
+""",
+        devices=8,
+    )
+    assert "ok sweep" in out
