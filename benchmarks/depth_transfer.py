@@ -24,12 +24,17 @@ import json
 import os
 import time
 
+from benchmarks import _devices
+
+_devices.early_flags()  # --devices N: before JAX starts
+
 import numpy as np
 import optax
 
 import spectral_optax as so
 from spectral_optax import lab
 from spectral_optax.nn.linen import ResidualMLP
+
 
 def _optimizers():
     """name -> (factory lr -> GradientTransformation, LR-grid center), most important first.
@@ -82,7 +87,9 @@ def main(argv=None):
     p.add_argument("--depths", default=None, help="comma-separated depths (overrides the preset)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seeds", type=int, default=1)
+    _devices.add_arguments(p)
     args = p.parse_args(argv)
+    devices = _devices.setup(args)
 
     cfg = dict(PRESETS["quick" if args.quick else "default"])
     if args.depths:
@@ -122,6 +129,7 @@ def main(argv=None):
                 name=key,
                 size_name="depth",
                 progress=False,
+                devices=devices,
             )
             results[key] = res
             s = res.summary()
@@ -129,10 +137,12 @@ def main(argv=None):
             best = ", ".join(f"K={k}: {v:.3g}" for k, v in s["best_lr"].items())
             print(f"[{time.time() - t0:6.0f}s] {key:18s} spread {s['spread_steps']:.2f} steps; "
                   f"best LR {best}; at edge {s['at_edge']}; diverged {s['diverged']}", flush=True)
-        _figure(name, results[f"{name}/unscaled"], results[f"{name}/scaled"],
-                os.path.join(args.out, f"depth_{name}.png"))
+        if _devices.is_writer():
+            _figure(name, results[f"{name}/unscaled"], results[f"{name}/scaled"],
+                    os.path.join(args.out, f"depth_{name}.png"))
 
-    _best_lr_figure(summary, os.path.join(args.out, "depth_best_lr.png"))
+    if _devices.is_writer():
+        _best_lr_figure(summary, os.path.join(args.out, "depth_best_lr.png"))
     table = _table(summary, cfg["depths"])
     print(table)
     payload = {
@@ -146,7 +156,7 @@ def main(argv=None):
         "wall_s": time.time() - t0,
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }
-    if args.json:
+    if args.json and _devices.is_writer():
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(_jsonable(payload), f, indent=1)

@@ -33,28 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import sys
 import time
 
+from benchmarks import _devices
 
-def _early_flags(argv):
-    """Set the host device count before JAX is imported (it cannot change afterwards)."""
-    for i, a in enumerate(argv):
-        if a == "--devices" and i + 1 < len(argv):
-            n = int(argv[i + 1])
-        elif a.startswith("--devices="):
-            n = int(a.split("=", 1)[1])
-        else:
-            continue
-        flags = os.environ.get("XLA_FLAGS", "")
-        if "xla_force_host_platform_device_count" not in flags:
-            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
-
-
-if __name__ == "__main__":
-    _early_flags(sys.argv[1:])
+_devices.early_flags()  # --devices N: before JAX starts
 
 import jax
 import jax.numpy as jnp
@@ -239,8 +223,7 @@ def measure(tree_name: str, n: int, repeats: int, quick: bool) -> list[dict]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--devices", type=int, default=None, help="largest device count (default: all; N = 1, 2, 4, 8 up to it)")
-    ap.add_argument("--multihost", action="store_true", help="call jax.distributed.initialize() first")
+    _devices.add_arguments(ap)  # --devices: the largest N (N = 1, 2, 4, 8, ... up to it); --multihost
     ap.add_argument("--json", default=None, help="write the rows here (process 0 only)")
     ap.add_argument("--quick", action="store_true", help="2-block GPT-2 tree, 2 repeats")
     ap.add_argument("--repeats", type=int, default=5, help="timed steps (0: compile and read costs only)")

@@ -29,6 +29,10 @@ from __future__ import annotations
 import os
 import time
 
+from benchmarks import _devices
+
+_devices.early_flags()  # --devices N: before JAX starts
+
 import optax
 
 import spectral_optax as so
@@ -67,7 +71,9 @@ def main(argv=None):
     p.add_argument("--muon-max-width", type=int, default=None,
                    help="widest Muon model (Newton-Schulz is O(n^3) per step on a CPU)")
     p.add_argument("--no-progress", action="store_true")
+    _devices.add_arguments(p)
     args = p.parse_args(argv)
+    devices = _devices.setup(args)
 
     quick = args.quick
     widths = ([int(w) for w in args.widths.split(",")] if args.widths
@@ -108,7 +114,8 @@ def main(argv=None):
         t = time.time()
         res = lab.sweep(family_for(init), factory, ws, lab.lr_grid(center, num_lrs), data,
                         steps=steps, batch_size=batch_size, seeds=seeds, results=results_path,
-                        name=name, tag=tag, size_name="width", progress=not args.no_progress)
+                        name=name, tag=tag, size_name="width", progress=not args.no_progress,
+                        devices=devices)
         results[name] = res
         summaries[name] = s = res.summary()
         print(f"\n{name} ({init} init, {time.time() - t:.0f} s): spread {s['spread_steps']:.2f} "
@@ -129,6 +136,8 @@ def main(argv=None):
     if skipped:
         print(f"  (not run, CPU budget: {skipped})")
     fig = os.path.join(args.out, "width_transfer.png")
+    if not _devices.is_writer():  # multi-host: process 0 writes the figure and the JSON
+        return summaries
     lab.plot_sweeps(results, fig, suptitle=f"width transfer: {data.name}, {args.model}, "
                     f"{steps} steps x batch {batch_size}")
     print(f"figure: {fig}   results: {results_path}   ({elapsed:.0f} s)")

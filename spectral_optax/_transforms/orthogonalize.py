@@ -37,7 +37,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
 from spectral_optax._duals.polar import (
@@ -290,9 +289,11 @@ def _distributed(members, out, mesh, axes, orthogonalize):
     (one all-to-all) before it is split, so every leaf keeps its sharding. On
     ``Explicit`` meshes the layouts are read from the types and the shuffle
     runs under ``jax.sharding.auto_axes`` with each leaf's ``PartitionSpec``
-    as its output sharding; on ``Auto`` meshes ``shard_alike`` ties the
-    result stack to the input stack (same-shape leaves are assumed to share
-    one layout there: the layouts are not in the types).
+    as its output sharding. On ``Auto`` meshes the layouts are not in the
+    types: the result stack is constrained to an unsplit batch axis with
+    unconstrained matrix axes, so XLA brings each matrix back (one
+    all-to-all) in the layout it propagates from the parameters (same-shape
+    leaves of different layouts may come back in one of them).
     """
     explicit = is_explicit(mesh, axes)
     specs = [explicit_spec(out[i], out[i].ndim) if explicit else None for i, _ in members]
@@ -329,8 +330,9 @@ def _distributed(members, out, mesh, axes, orthogonalize):
             ortho = ortho[:total] if pad else ortho
             if layout is not None:
                 ortho = jax.lax.with_sharding_constraint(ortho, named(layout))
-            else:
-                ortho, _ = shard_alike(ortho, stacked)
+            else:  # layouts unknown (Auto): batch axis whole, matrix axes as XLA propagates them
+                free = P.UNCONSTRAINED
+                ortho = jax.lax.with_sharding_constraint(ortho, named(P(None, free, free)))
             blocks, start = [], 0
             for x, k in zip(leaves, ks):
                 g = members[k][1]
