@@ -40,15 +40,15 @@ from benchmarks import _devices
 
 _devices.early_flags()  # --devices N: before JAX starts
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
-import spectral_optax as so
-from spectral_optax._duals.polar import newton_schulz_flops, newton_schulz_method
+import spectral_optax as so  # noqa: E402
+from spectral_optax._duals.polar import newton_schulz_flops, newton_schulz_method  # noqa: E402
 
 COLLECTIVES = (
     "all-gather", "all-gather-start", "all-reduce", "all-reduce-start", "all-to-all", "reduce-scatter",
@@ -157,7 +157,9 @@ def hidden_orthogonalized_flops(shapes, geometry) -> float:
     """Total Newton-Schulz flops of every hidden matrix (what the devices share)."""
     gmap = so.as_geometry_map(geometry)
     total = 0.0
-    arrays = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), shapes, is_leaf=lambda s: isinstance(s, tuple))
+    arrays = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s, jnp.float32), shapes, is_leaf=lambda s: isinstance(s, tuple)
+    )
     for _, g in gmap.leaves(arrays):
         if g.kind == "matrix" and g.role == "hidden":
             m, n = min(g.d_in, g.d_out), max(g.d_in, g.d_out)

@@ -25,7 +25,7 @@ some optimizers treat differently). Inferred from names, overridable.
 
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning".
-  REFERENCE.md section 1.
+  docs/math.md section 1.
 """
 
 from __future__ import annotations

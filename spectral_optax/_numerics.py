@@ -109,6 +109,7 @@ def power_iteration(m: jax.Array, v: jax.Array, num_iterations: int):
       updated unit right vectors. A zero slice gives ``sigma = 0`` and keeps
       its vector.
     """
+
     # Explicit meshes: the contractions run over sharded axes, the vectors come back replicated.
     def run(m, v, num_iterations):
         m = m.astype(compute_dtype(m))

@@ -208,8 +208,11 @@ def gathered(update_fn: Callable, axis_name: AxisName) -> Callable:
 
 
 def _is_tree(value) -> bool:
-    return not (value is None or isinstance(value, (str, P)) or (
-        isinstance(value, tuple) and all(isinstance(v, str) for v in value)))
+    return not (
+        value is None
+        or isinstance(value, (str, P))
+        or (isinstance(value, tuple) and all(isinstance(v, str) for v in value))
+    )
 
 
 def mesh_size(mesh, axes: Sequence[str]) -> int:

@@ -43,7 +43,8 @@ for name, tx in (("muon", so.muon(0.02, weight_decay=0.1)), ("moga", so.moga(0.0
         a = np.asarray(a)
         assert np.all(a == a[:1])  # still replicated
         np.testing.assert_allclose(a[0], np.asarray(b), rtol=1e-5, atol=1e-5 * float(np.max(np.abs(b))))
-    moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(params)))
+    moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(params)))
     assert moved > 1e-3, moved  # the run did train
     print("ok", name)
 """

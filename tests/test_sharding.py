@@ -24,7 +24,8 @@ def run_script(script: str, devices: int, timeout: int = 600) -> str:
         PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     res = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], check=False, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", textwrap.dedent(script)],
+        check=False, env=env, capture_output=True, text=True, timeout=timeout,
     )
     assert res.returncode == 0, res.stdout + res.stderr[-6000:]
     return res.stdout

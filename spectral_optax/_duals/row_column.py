@@ -51,7 +51,7 @@ The result is cast back to the input's dtype.
 References:
   Large, Bernstein et al. (2024), "Scalable Optimization in the Modular Norm";
   Bernstein & Newhouse (2024), "Old Optimizer, New Norm";
-  Wong, Xu, Li, Lu (2026) (MOGA, p in {1.5, 2, 2.5}). docs/math.md.
+  Wong, Xu, Li, Lu (2026) (MOGA, p in {1.5, 2, 2.5}). docs/math.md section 3.
 """
 
 from __future__ import annotations
@@ -70,8 +70,14 @@ from spectral_optax._numerics import (
 )
 
 __all__ = [
-    "check_p", "check_q", "column_direction", "column_normalize", "lp_dual_direction", "row_direction",
-    "row_normalize", "sign",
+    "check_p",
+    "check_q",
+    "column_direction",
+    "column_normalize",
+    "lp_dual_direction",
+    "row_direction",
+    "row_normalize",
+    "sign",
 ]
 
 Exponent = Any  # float, or a (traced) scalar array under inject_hyperparams
@@ -227,9 +233,7 @@ def column_normalize(m: jax.Array, q: Exponent = 2.0, *, fan_scaling: bool = Tru
     """
     check_q(q)
     if m.ndim != 3:
-        raise ValueError(
-            f"column_normalize expects the canonical (num_slices, d_in, d_out) view, got shape {m.shape}"
-        )
+        raise ValueError(f"column_normalize expects the canonical (num_slices, d_in, d_out) view, got shape {m.shape}")
     return column_direction(m, q, fan_scaling=fan_scaling, axis_name=axis_name)
 
 

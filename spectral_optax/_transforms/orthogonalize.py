@@ -157,7 +157,7 @@ def orthogonalize_via_newton_schulz(
 
     References:
       Jordan et al. (2024), Muon; Amsel et al. (2025), The Polar Express;
-      Yang, Simon, Bernstein (2023). The math: docs/math.md.
+      Yang, Simon, Bernstein (2023). docs/math.md sections 3-4.
     """
     if isinstance(scale, str) and scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, a number or a function, got {scale!r}")
@@ -185,9 +185,7 @@ def orthogonalize_via_newton_schulz(
         del params, extra_args
         flat, treedef = jax.tree_util.tree_flatten_with_path(updates)
         idx = [i for i, (_, x) in enumerate(flat) if hasattr(x, "shape")]
-        geoms = gmap.resolve(
-            [path_str(flat[i][0]) for i in idx], [tuple(np.shape(flat[i][1])) for i in idx]
-        )
+        geoms = gmap.resolve([path_str(flat[i][0]) for i in idx], [tuple(np.shape(flat[i][1])) for i in idx])
         # Group same-shape canonical matrices across the tree, tall ones
         # transposed (NS(G^T) = NS(G)^T), so (256, 1024) and (1024, 256) share a batch.
         groups: dict[tuple[int, int], list[tuple[int, Geometry]]] = {}
@@ -195,7 +193,8 @@ def orthogonalize_via_newton_schulz(
             if g.kind in kinds and flat[i][1].size:
                 groups.setdefault((min(g.d_in, g.d_out), max(g.d_in, g.d_out)), []).append((i, g))
         out = [x for _, x in flat]
-        mesh = next((m for m in (aval_mesh(out[i]) for members in groups.values() for i, _ in members) if m is not None), None)
+        meshes = (aval_mesh(out[i]) for members in groups.values() for i, _ in members)
+        mesh = next((m for m in meshes if m is not None), None)
         axes = distribution_axes(mesh)
         for members in groups.values():
             if axes and distribute is not False:
@@ -334,7 +333,7 @@ def _distributed(members, out, mesh, axes, orthogonalize):
                 free = P.UNCONSTRAINED
                 ortho = jax.lax.with_sharding_constraint(ortho, named(P(None, free, free)))
             blocks, start = [], 0
-            for x, k in zip(leaves, ks):
+            for k in ks:
                 g = members[k][1]
                 block = _back(ortho[start : start + g.num_slices], g)
                 start += g.num_slices
