@@ -1,6 +1,7 @@
 """Sharded optimizer steps: per-device flops, bytes through collectives, step time.
 
-For each optimizer (``spectral_optax.muon``, ``optax.contrib.muon``,
+For each optimizer (``spectral_optax.muon``, the same with
+``distribute=False`` (XLA's partitioning of every matmul), ``optax.contrib.muon``,
 ``spectral_optax.moga``, ``optax.adamw``) and each device count ``N`` the
 optimizer update is compiled under ``jit`` on a 1-D mesh of ``N`` devices
 with FSDP parameter shardings (every matrix ``P('data', None)``) and read
@@ -170,13 +171,14 @@ def hidden_orthogonalized_flops(shapes, geometry) -> float:
 
 OPTIMIZERS = {
     "muon": lambda geometry: so.muon(0.02, geometry=geometry),
+    "muon(distribute=False)": lambda geometry: so.muon(0.02, geometry=geometry, distribute=False),
     "optax.contrib.muon": lambda geometry: optax.contrib.muon(0.02),
     "moga": lambda geometry: so.moga(0.01, geometry=geometry),
     "optax.adamw": lambda geometry: optax.adamw(1e-3),
 }
 
 
-def measure(tree_name: str, n: int, repeats: int, quick: bool) -> list[dict]:
+def measure(tree_name: str, n: int, repeats: int, quick: bool, optimizers=None) -> list[dict]:
     shapes, geometry = fsdp_tree() if tree_name == "fsdp" else gpt2_tree(blocks=2 if quick else 12)
     devices = np.array(jax.devices()[:n])
     mesh = jax.sharding.Mesh(devices, ("data",))
@@ -195,6 +197,8 @@ def measure(tree_name: str, n: int, repeats: int, quick: bool) -> list[dict]:
     ns_total = hidden_orthogonalized_flops(shapes, geometry)
     rows = []
     for name, make_tx in OPTIMIZERS.items():
+        if optimizers and name not in optimizers:
+            continue
         tx = make_tx(geometry)
         # Optimizer state in the parameters' shardings (on Auto meshes a jitted init returns fresh
         # zeros unsharded); the FSDP rule depends on the shape only, so it applies to state leaves too.
@@ -230,6 +234,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="2-block GPT-2 tree, 2 repeats")
     ap.add_argument("--repeats", type=int, default=5, help="timed steps (0: compile and read costs only)")
     ap.add_argument("--trees", default="fsdp,gpt2")
+    ap.add_argument("--optimizers", default=None, help=f"comma-separated subset of {list(OPTIMIZERS)}")
     args = ap.parse_args(argv)
     if args.multihost:
         jax.distributed.initialize()
@@ -243,7 +248,8 @@ def main(argv=None):
     rows = []
     for tree in args.trees.split(","):
         for n in counts:
-            rows += measure(tree, n, min(2, args.repeats) if args.quick else args.repeats, args.quick)
+            reps = min(2, args.repeats) if args.quick else args.repeats
+            rows += measure(tree, n, reps, args.quick, args.optimizers.split(",") if args.optimizers else None)
     if args.json and jax.process_index() == 0:
         meta = {"jax": jax.__version__, "backend": jax.default_backend(), "device_count": total,
                 "processes": jax.process_count(), "date": time.strftime("%Y-%m-%d", time.gmtime())}

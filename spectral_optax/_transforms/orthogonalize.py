@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
 from spectral_optax._duals.polar import (
@@ -186,16 +187,20 @@ def orthogonalize_via_newton_schulz(
         flat, treedef = jax.tree_util.tree_flatten_with_path(updates)
         idx = [i for i, (_, x) in enumerate(flat) if hasattr(x, "shape")]
         geoms = gmap.resolve([path_str(flat[i][0]) for i in idx], [tuple(np.shape(flat[i][1])) for i in idx])
-        # Group same-shape canonical matrices across the tree, tall ones
-        # transposed (NS(G^T) = NS(G)^T), so (256, 1024) and (1024, 256) share a batch.
-        groups: dict[tuple[int, int], list[tuple[int, Geometry]]] = {}
-        for i, g in zip(idx, geoms):
-            if g.kind in kinds and flat[i][1].size:
-                groups.setdefault((min(g.d_in, g.d_out), max(g.d_in, g.d_out)), []).append((i, g))
         out = [x for _, x in flat]
-        meshes = (aval_mesh(out[i]) for members in groups.values() for i, _ in members)
+        meshes = (aval_mesh(out[i]) for i, g in zip(idx, geoms) if g.kind in kinds)
         mesh = next((m for m in meshes if m is not None), None)
         axes = distribution_axes(mesh)
+        # Group same-shape canonical matrices across the tree, tall ones transposed
+        # (NS(G^T) = NS(G)^T), so (256, 1024) and (1024, 256) share a batch. On Auto meshes,
+        # whose layouts are not in the types, only matrices of one orientation are batched
+        # together (fewer mixed layouts in a batch).
+        mixed_ok = not axes or is_explicit(mesh, axes)
+        groups: dict[tuple[int, int, bool], list[tuple[int, Geometry]]] = {}
+        for i, g in zip(idx, geoms):
+            if g.kind in kinds and flat[i][1].size:
+                tall = g.d_in > g.d_out and not mixed_ok
+                groups.setdefault((min(g.d_in, g.d_out), max(g.d_in, g.d_out), tall), []).append((i, g))
         for members in groups.values():
             if axes and distribute is not False:
                 results = _distributed(members, out, mesh, axes, orthogonalize)
@@ -333,10 +338,12 @@ def _distributed(members, out, mesh, axes, orthogonalize):
                 free = P.UNCONSTRAINED
                 ortho = jax.lax.with_sharding_constraint(ortho, named(P(None, free, free)))
             blocks, start = [], 0
-            for k in ks:
+            for x, k in zip(leaves, ks):
                 g = members[k][1]
                 block = _back(ortho[start : start + g.num_slices], g)
                 start += g.num_slices
+                if layout is None:  # Auto: each result in its input's layout
+                    block, _ = shard_alike(block, x)
                 blocks.append(block)
             return tuple(blocks)
 
