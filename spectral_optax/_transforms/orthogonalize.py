@@ -193,14 +193,14 @@ def orthogonalize_via_newton_schulz(
         axes = distribution_axes(mesh)
         # Group same-shape canonical matrices across the tree, tall ones transposed
         # (NS(G^T) = NS(G)^T), so (256, 1024) and (1024, 256) share a batch. On Auto meshes,
-        # whose layouts are not in the types, only matrices of one orientation are batched
-        # together (fewer mixed layouts in a batch).
+        # whose layouts are not in the types, only leaves of one shape and geometry are batched
+        # together (the best available proxy for one layout).
         mixed_ok = not axes or is_explicit(mesh, axes)
-        groups: dict[tuple[int, int, bool], list[tuple[int, Geometry]]] = {}
+        groups: dict[tuple, list[tuple[int, Geometry]]] = {}
         for i, g in zip(idx, geoms):
             if g.kind in kinds and flat[i][1].size:
-                tall = g.d_in > g.d_out and not mixed_ok
-                groups.setdefault((min(g.d_in, g.d_out), max(g.d_in, g.d_out), tall), []).append((i, g))
+                key = (min(g.d_in, g.d_out), max(g.d_in, g.d_out)) if mixed_ok else (g,)
+                groups.setdefault(key, []).append((i, g))
         for members in groups.values():
             if axes and distribute is not False:
                 results = _distributed(members, out, mesh, axes, orthogonalize)
