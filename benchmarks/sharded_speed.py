@@ -234,6 +234,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="2-block GPT-2 tree, 2 repeats")
     ap.add_argument("--repeats", type=int, default=5, help="timed steps (0: compile and read costs only)")
     ap.add_argument("--trees", default="fsdp,gpt2")
+    ap.add_argument("--counts", default=None, help="comma-separated device counts (default: 1, 2, 4, 8, ... up to N)")
     ap.add_argument("--optimizers", default=None, help=f"comma-separated subset of {list(OPTIMIZERS)}")
     args = ap.parse_args(argv)
     if args.multihost:
@@ -243,6 +244,8 @@ def main(argv=None):
     counts = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= top]
     if top not in counts:
         counts.append(top)
+    if args.counts:
+        counts = [int(c) for c in args.counts.split(",") if int(c) <= total]
     if args.multihost:  # every process must take part in every program: all devices only
         counts = [total]
     rows = []
