@@ -87,6 +87,8 @@ def muon(
     adam_eps: float = 1e-8,
     adam_weight_decay: float = 0.0,
     mu_dtype: Any = None,
+    distribute: bool | None = None,
+    axis_name: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Muon with geometry-aware routing.
 
@@ -133,6 +135,11 @@ def muon(
       adam_b1, adam_b2, adam_eps: AdamW moments and epsilon.
       adam_weight_decay: AdamW route's decoupled weight decay.
       mu_dtype: dtype of the momentum buffers (default: the param's dtype).
+      distribute: spread whole matrices over the mesh's devices for the
+        orthogonalization (default: when the updates are on a mesh); see
+        :func:`spectral_optax.orthogonalize_via_newton_schulz` and docs/sharding.md.
+      axis_name: inside ``shard_map`` / ``pmap``: how the parameters are
+        sharded (a mesh axis name, a ``PartitionSpec`` or their tree).
 
     Returns:
       An ``optax.GradientTransformationExtraArgs``. Works under
@@ -155,11 +162,11 @@ def muon(
     # Built once here: validates the Newton-Schulz options at construction.
     orthogonalize = orthogonalize_via_newton_schulz(
         geometry=gmap, scale=scale, ns_coefficients=ns_coefficients, ns_steps=ns_steps,
-        ns_method=ns_method, compute_dtype=compute_dtype,
+        ns_method=ns_method, compute_dtype=compute_dtype, distribute=distribute, axis_name=axis_name,
     )
     heads = {
         "muon": momentum_then(orthogonalize),
-        "normalize": momentum_then(scale_by_fan_out_rms(geometry=gmap)),
+        "normalize": momentum_then(scale_by_fan_out_rms(geometry=gmap, axis_name=axis_name)),
     }
     table: dict[str, optax.GradientTransformation] = {}
     for name, parts in heads.items():

@@ -49,7 +49,8 @@ def ema_momentum(
     mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
 
     def init_fn(params):
-        return EmaMomentumState(jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), mu_dtype or p.dtype), params))
+        # zeros_like: the buffers take the parameters' shardings (Explicit meshes, concrete arrays)
+        return EmaMomentumState(jax.tree.map(lambda p: jnp.zeros_like(p, dtype=mu_dtype or p.dtype), params))
 
     def update_fn(updates, state, params=None, **extra_args):
         del params, extra_args

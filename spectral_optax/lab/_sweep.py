@@ -198,7 +198,42 @@ def _num_chunks(steps: int, target: int) -> int:
     return 1
 
 
-def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx, multiplier=None):
+def _run_mesh(devices) -> jax.sharding.Mesh | None:
+    """A 1-D mesh ``('runs',)`` over ``devices``: ``None`` (no sharding), ``'all'`` (every device
+    of every process), a count (the first ``n``), a list of devices, or a ``Mesh`` (all its devices)."""
+    if devices is None:
+        return None
+    if isinstance(devices, jax.sharding.Mesh):
+        devs = list(devices.devices.flat)
+    elif devices == "all":
+        devs = jax.devices()
+    elif isinstance(devices, int):
+        if not 1 <= devices <= jax.device_count():
+            raise ValueError(f"devices={devices}: between 1 and jax.device_count() = {jax.device_count()}")
+        devs = jax.devices()[:devices]
+    else:
+        devs = list(devices)
+    return jax.sharding.Mesh(np.array(devs), ("runs",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def _on_runs(mesh, a: np.ndarray):
+    """A host array placed with its first (run) axis split over ``mesh`` (every process calls this)."""
+    if mesh is None:
+        return jnp.asarray(a)
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs"))
+    return jax.make_array_from_callback(a.shape, sharding, lambda idx: a[idx])
+
+
+def _to_host(x) -> np.ndarray:
+    """Every run's values on every process (sharded over hosts: an all-gather)."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx, multiplier=None, mesh=None):
     train = tuple(jnp.asarray(a) for a in data.train)
     val = tuple(jnp.asarray(a) for a in data.val)
     eval_idx = jnp.asarray(eval_idx)
@@ -236,9 +271,12 @@ def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx
         x, y = data.batch(val, eval_idx)
         return model.loss(state[0], x, y).astype(jnp.float32)
 
-    init_p = jax.jit(jax.vmap(init_run))
-    chunk_p = jax.jit(jax.vmap(chunk, in_axes=(0, 0, None)), donate_argnums=(1,))
-    eval_p = jax.jit(jax.vmap(evaluate))
+    # With a mesh, every output keeps its run axis split over the devices: each device trains R/N runs.
+    runs = {} if mesh is None else {
+        "out_shardings": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs"))}
+    init_p = jax.jit(jax.vmap(init_run), **runs)
+    chunk_p = jax.jit(jax.vmap(chunk, in_axes=(0, 0, None)), donate_argnums=(1,), **runs)
+    eval_p = jax.jit(jax.vmap(evaluate), **runs)
     return init_p, chunk_p, eval_p
 
 
@@ -262,6 +300,7 @@ def sweep(
     progress: bool = True,
     schedule: str | Callable | None = None,
     val_curve: bool = False,
+    devices: Any = None,
 ) -> SweepResult:
     """Train ``family(size)`` for every size x LR x seed; resumable.
 
@@ -297,6 +336,13 @@ def sweep(
         resume key.
       val_curve: also record the validation loss after every chunk
         (``val_curve``, ``val_curve_steps``).
+      devices: split the vmapped run axis over devices (each trains about
+        ``R / N`` of the ``R`` runs; results identical to one device):
+        ``None`` (default: no sharding), ``'all'`` (every device of every
+        process, e.g. after ``jax.distributed.initialize()`` on a pod), a
+        count, a list of devices or a ``jax.sharding.Mesh``. The run list is
+        padded to a multiple of ``N`` (padding runs are discarded); with
+        several processes only process 0 writes ``results``.
 
     Returns:
       a :class:`SweepResult` with every run of this configuration (recorded
@@ -325,6 +371,9 @@ def sweep(
         ]
         if missing:
             todo[size] = missing
+    mesh = _run_mesh(devices)
+    n_dev = 1 if mesh is None else mesh.devices.size
+    writer = jax.process_index() == 0
     n_chunks = _num_chunks(steps, chunks)
     chunk_len = steps // n_chunks
     n_eval = min(eval_examples, data.num_val)
@@ -345,25 +394,26 @@ def sweep(
             t_start = time.time()
             model = family(size)
             init_p, chunk_p, eval_p = _make_programs(
-                model, optimizer, size, data, batch_size, chunk_len, eval_idx, multiplier
+                model, optimizer, size, data, batch_size, chunk_len, eval_idx, multiplier, mesh
             )
-            run_lrs = jnp.asarray([m[0] for m in missing], jnp.float32)
-            run_seeds = jnp.asarray([m[1] for m in missing], jnp.uint32)
+            padded = missing + [missing[-1]] * (-len(missing) % n_dev)  # a multiple of the devices
+            run_lrs = _on_runs(mesh, np.asarray([m[0] for m in padded], np.float32))
+            run_seeds = _on_runs(mesh, np.asarray([m[1] for m in padded], np.uint32))
             state = init_p(run_lrs, run_seeds)
             chunk_out: list[np.ndarray] = []
             val_points: list[np.ndarray] = []
             t_steady = t_start
             for c in range(n_chunks):
                 state, chunk_losses = chunk_p(run_lrs, state, jnp.int32(c * chunk_len))
-                chunk_out.append(np.asarray(chunk_losses))  # (R, chunk_len); syncs
+                chunk_out.append(_to_host(chunk_losses))  # (R, chunk_len); syncs
                 if val_curve and c < n_chunks - 1:
-                    val_points.append(np.asarray(eval_p(state)))
+                    val_points.append(_to_host(eval_p(state)))
                 if c == 0:  # the first chunk includes compilation
                     t_steady = time.time()
                 if bar is not None:
                     bar.update(len(missing) * chunk_len)
             losses = np.concatenate(chunk_out, axis=1)
-            val_losses = np.asarray(eval_p(state))
+            val_losses = _to_host(eval_p(state))
             elapsed = time.time() - t_start
             # Wall-clock seconds per training step of one run (its share of the
             # vmapped program, compilation excluded; from the first chunk if only one).
@@ -389,7 +439,7 @@ def sweep(
                 if val_curve:
                     rec["val_curve_steps"] = [(c + 1) * chunk_len for c in range(n_chunks)]
                     rec["val_curve"] = [_json_float(v[j]) for v in val_points]
-                if results is not None:
+                if results is not None and writer:
                     append_run(results, rec)
                 new_runs.append(rec)
     finally:
