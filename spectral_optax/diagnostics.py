@@ -86,8 +86,7 @@ def _as_geometry(x, geometry: Geometry | None) -> Geometry:
     return Geometry.matrix(shape)
 
 
-def spectral_norm(x, geometry: Geometry | None = None, *, method: str = "auto",
-                  iters: int = 100) -> jax.Array:
+def spectral_norm(x, geometry: Geometry | None = None, *, method: str = "auto", iters: int = 100) -> jax.Array:
     """``||W||_*`` (largest singular value) of the canonical matrix view.
 
     Several slices (stacked layers, heads): the maximum over slices.
@@ -117,8 +116,9 @@ def stable_rank(x, geometry: Geometry | None = None, *, method: str = "auto") ->
     return jnp.mean(fro2 / jnp.maximum(top**2, 1e-30))
 
 
-def relative_weight_change(new, old, *, norm: str = "spectral", geometry: GeometryLike = None,
-                           method: str = "auto") -> Any:
+def relative_weight_change(
+    new, old, *, norm: str = "spectral", geometry: GeometryLike = None, method: str = "auto"
+) -> Any:
     """``||W_new - W_old|| / ||W_old||`` per parameter.
 
     Args:
@@ -171,8 +171,9 @@ def alignment(f, w_out, h) -> jax.Array:
 # --------------------------------------------------------------------------
 # Coordinate check.
 # --------------------------------------------------------------------------
-def coord_check_mlp(width: int, *, depth: int = 2, d_in: int = 32, d_out: int = 1,
-                    init: str = "spectral", gain: float = math.sqrt(2.0)):
+def coord_check_mlp(
+    width: int, *, depth: int = 2, d_in: int = 32, d_out: int = 1, init: str = "spectral", gain: float = math.sqrt(2.0)
+):
     """The coordinate-check model: a bias-free ReLU MLP ``d_in -> width^depth -> d_out``.
 
     Returns ``(init_fn, features_fn)``: ``init_fn(key) -> params`` (a dict
@@ -265,8 +266,7 @@ class CoordCheck:
         if ax is None:
             fig, ax = plt.subplots(figsize=(3.6, 2.8))
         for layer, vals in self.table.items():
-            ax.errorbar(self.widths, vals, yerr=self.std[layer], marker="o", ms=3, capsize=2,
-                        label=layer)
+            ax.errorbar(self.widths, vals, yerr=self.std[layer], marker="o", ms=3, capsize=2, label=layer)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("width")
@@ -282,9 +282,13 @@ class CoordCheck:
 
 def _call_with_base(factory, width, base):
     try:
-        n = len([p for p in inspect.signature(factory).parameters.values()
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                 and p.default is p.empty])
+        n = len(
+            [
+                p
+                for p in inspect.signature(factory).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+            ]
+        )
     except (TypeError, ValueError):
         n = 1
     return factory(width, base) if n >= 2 else factory(width)
@@ -350,8 +354,11 @@ def coord_check(
     std: dict[str, list[float]] = {}
     for width in widths:
         init_fn, features_fn = coord_check_mlp(width, depth=depth, d_in=d_in, init=init)
-        opt = (optimizer if isinstance(optimizer, optax.GradientTransformation)
-               else _call_with_base(optimizer, width, base))
+        opt = (
+            optimizer
+            if isinstance(optimizer, optax.GradientTransformation)
+            else _call_with_base(optimizer, width, base)
+        )
 
         def loss_fn(params):
             f = features_fn(params, x)["out"][:, 0]
@@ -382,11 +389,9 @@ def coord_check(
             vals = np.asarray(vals, float)
             vals = np.where(np.isfinite(vals), vals, np.inf)
             table.setdefault(layer, []).append(float(np.mean(vals)))
-            std.setdefault(layer, []).append(float(np.std(vals)) if np.all(np.isfinite(vals))
-                                             else float("nan"))
+            std.setdefault(layer, []).append(float(np.std(vals)) if np.all(np.isfinite(vals)) else float("nan"))
     order = sorted((k for k in table if k != "out"), key=lambda k: int(k[1:])) + ["out"]
-    result = CoordCheck(widths, {k: table[k] for k in order}, {k: std[k] for k in order},
-                        steps, name)
+    result = CoordCheck(widths, {k: table[k] for k in order}, {k: std[k] for k in order}, steps, name)
     if plot is not None:
         result.plot(plot)
     return result

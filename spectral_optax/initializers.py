@@ -133,8 +133,8 @@ def _matrix_geometry(
             raise ValueError(f"{given}: {key} {bad} out of range for a {ndim}-D shape. {fix}")
         if len({a % ndim for a in ax}) != len(ax):
             raise ValueError(f"{given}: {key} repeats an axis. {fix}")
-    out = {a % ndim for a in axes["out_axis"]}
-    batch = {a % ndim for a in axes["batch_axis"]}
+    out = {a % ndim for a in axes["out_axis"] or ()}
+    batch = {a % ndim for a in axes["batch_axis"] or ()}
     fan_in_given = set() if axes["in_axis"] is None else {a % ndim for a in axes["in_axis"]}
     for (ka, a), (kb, b) in (
         (("in_axis", fan_in_given), ("out_axis", out)),

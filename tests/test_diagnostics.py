@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectral_optax import Geometry, diagnostics as dg
+from spectral_optax import Geometry
+from spectral_optax import diagnostics as dg
 
 
 def rng_matrix(seed, shape):

@@ -1,10 +1,10 @@
 """Geometry inference on real Flax models, overrides, errors, the matrix view."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import flax.linen as nn
 from flax import nnx
 
 import spectral_optax as so

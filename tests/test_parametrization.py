@@ -1,11 +1,11 @@
 """Parametrization-1 multipliers, base shapes, mup_sgd / mup_adamw, describe."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import flax.linen as nn
 
 import spectral_optax as so
 from spectral_optax import GeometryError

@@ -137,13 +137,16 @@ def digits(*, num_val: int = 297, split_seed: int = 0) -> Dataset:
     mean, std = xt.mean(0), xt.std(0)
     std = np.where(std > 1e-6, std, 1.0)
     xt, xv = (xt - mean) / std, (xv - mean) / std
-    return Dataset(
-        "digits", (xt, yt), (xv, yv), len(xt), len(xv), 10, (64,), "classification"
-    )
+    return Dataset("digits", (xt, yt), (xv, yv), len(xt), len(xv), 10, (64,), "classification")
 
 
 def digits_augmented(
-    *, copies: int = 8, pad: int = 1, noise: float = 0.2, num_val: int = 297, split_seed: int = 0,
+    *,
+    copies: int = 8,
+    pad: int = 1,
+    noise: float = 0.2,
+    num_val: int = 297,
+    split_seed: int = 0,
     seed: int = 0,
 ) -> Dataset:
     """The 8x8 digits as ``(8 + 2 pad, 8 + 2 pad, 1)`` images, augmented to be hard.
@@ -180,7 +183,7 @@ def digits_augmented(
         out = np.zeros((len(imgs), size, size), np.float32)
         dx, dy = rng.integers(0, 2 * pad + 1, (2, len(imgs)))
         for i, img in enumerate(imgs):
-            out[i, dy[i]:dy[i] + 8, dx[i]:dx[i] + 8] = img
+            out[i, dy[i] : dy[i] + 8, dx[i] : dx[i] + 8] = img
         out *= rng.uniform(0.5, 1.5, (len(imgs), 1, 1)).astype(np.float32)
         out += noise * rng.standard_normal(out.shape).astype(np.float32)
         return out[..., None]
@@ -189,14 +192,10 @@ def digits_augmented(
     xv, yv = augment(x[-num_val:], 1), y[-num_val:]
     mean, std = float(xt.mean()), float(xt.std())
     xt, xv = (xt - mean) / std, (xv - mean) / std
-    return Dataset(
-        "digits_aug", (xt, yt), (xv, yv), len(xt), len(xv), 10, xt.shape[1:], "classification"
-    )
+    return Dataset("digits_aug", (xt, yt), (xv, yv), len(xt), len(xv), 10, xt.shape[1:], "classification")
 
 
-def digits_binary(
-    classes: tuple[int, int] = (3, 8), *, num_train: int = 200, split_seed: int = 0
-) -> Dataset:
+def digits_binary(classes: tuple[int, int] = (3, 8), *, num_train: int = 200, split_seed: int = 0) -> Dataset:
     """Two digit classes with +-1 regression targets (the feature-learning task).
 
     ``num_train`` examples (balanced, first class -> -1, second -> +1) from a
@@ -219,9 +218,7 @@ def digits_binary(
     mean, std = xt.mean(0), xt.std(0)
     std = np.where(std > 1e-6, std, 1.0)
     xt, xv = (xt - mean) / std, (xv - mean) / std
-    return Dataset(
-        f"digits{a}v{b}", (xt, y[tr]), (xv, y[va]), len(tr), len(va), 1, (64,), "regression"
-    )
+    return Dataset(f"digits{a}v{b}", (xt, y[tr]), (xv, y[va]), len(tr), len(va), 1, (64,), "regression")
 
 
 # --------------------------------------------------------------------------
@@ -249,8 +246,7 @@ def _read_text_file(path: str) -> bytes:
         raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(
-            f"text: '{path}' is not valid UTF-8 (byte {e.start}: {e.reason}); expected a UTF-8 "
-            "text file"
+            f"text: '{path}' is not valid UTF-8 (byte {e.start}: {e.reason}); expected a UTF-8 text file"
         ) from None
     if b"\x00" in raw:
         raise DataError(f"text: '{path}' contains NUL bytes; expected a UTF-8 text file")
@@ -258,7 +254,10 @@ def _read_text_file(path: str) -> bytes:
 
 
 def text(
-    path: str | os.PathLike | None = None, *, context: int = 8, val_fraction: float = 0.1,
+    path: str | os.PathLike | None = None,
+    *,
+    context: int = 8,
+    val_fraction: float = 0.1,
     sequence: bool = False,
 ) -> Dataset:
     """Byte-level next-byte prediction.
@@ -298,7 +297,14 @@ def text(
         )
     kind = "sequence" if sequence else "bytes"
     return Dataset(
-        f"{'seq' if sequence else 'text'}:{name}", (tr,), (va,), n_tr, n_va, 256, (context,), kind,
+        f"{'seq' if sequence else 'text'}:{name}",
+        (tr,),
+        (va,),
+        n_tr,
+        n_va,
+        256,
+        (context,),
+        kind,
         context=context,
     )
 
@@ -324,22 +330,20 @@ def _read_cifar_file(path: str, label_bytes: int, num_classes: int, label_index:
         raise DataError(f"cifar: file '{path}' not found; expected {fmt}")
     raw = np.fromfile(path, dtype=np.uint8)
     if raw.size == 0 or raw.size % record:
-        raise DataError(
-            f"cifar: '{path}' has {raw.size} bytes, not a positive multiple of {record}; "
-            f"expected {fmt}"
-        )
+        raise DataError(f"cifar: '{path}' has {raw.size} bytes, not a positive multiple of {record}; expected {fmt}")
     rec = raw.reshape(-1, record)
     labels = rec[:, label_index].astype(np.int32)
     if labels.max() >= num_classes:
-        raise DataError(
-            f"cifar: '{path}' has label {int(labels.max())} >= {num_classes}; expected {fmt}"
-        )
+        raise DataError(f"cifar: '{path}' has label {int(labels.max())} >= {num_classes}; expected {fmt}")
     images = rec[:, label_bytes:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
     return images, labels
 
 
 def cifar(
-    directory: str | os.PathLike, *, num_classes: int = 10, coarse: bool = False,
+    directory: str | os.PathLike,
+    *,
+    num_classes: int = 10,
+    coarse: bool = False,
     flatten: bool = False,
 ) -> Dataset:
     """CIFAR-10 / CIFAR-100 from the standard *binary* batch files.
@@ -373,10 +377,7 @@ def cifar(
     n_cls = 20 if (num_classes == 100 and coarse) else num_classes
 
     def read(files):
-        parts = [
-            _read_cifar_file(os.path.join(directory, f), label_bytes, n_cls, label_index)
-            for f in files
-        ]
+        parts = [_read_cifar_file(os.path.join(directory, f), label_bytes, n_cls, label_index) for f in files]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     xt, yt = read(train_files)
@@ -385,11 +386,17 @@ def cifar(
     mean, std = xt.mean((0, 1, 2)), xt.std((0, 1, 2))
     std = np.where(std > 1e-6, std, 1.0)
     xt, xv = (xt - mean) / std, (xv - mean) / std
-    shape = (32, 32, 3)
+    shape: tuple[int, ...] = (32, 32, 3)
     if flatten:
         xt, xv, shape = xt.reshape(len(xt), -1), xv.reshape(len(xv), -1), (_IMAGE_BYTES,)
     return Dataset(
-        f"cifar{num_classes}", (xt, yt), (xv, yv), len(xt), len(xv), n_cls, shape,
+        f"cifar{num_classes}",
+        (xt, yt),
+        (xv, yv),
+        len(xt),
+        len(xv),
+        n_cls,
+        shape,
         "classification",
     )
 
@@ -414,7 +421,5 @@ def load(spec: str = "text", *, context: int = 8, flatten: bool = True, sequence
             raise DataError(f"'{spec}': give the directory, e.g. '{kind}:/data/cifar'")
         return cifar(arg, num_classes=int(kind[5:]), flatten=flatten)
     raise DataError(
-        f"unknown data spec '{spec}'; expected 'text', 'text:PATH', 'digits', 'cifar10:DIR' or "
-        "'cifar100:DIR'"
+        f"unknown data spec '{spec}'; expected 'text', 'text:PATH', 'digits', 'cifar10:DIR' or 'cifar100:DIR'"
     )
-

@@ -33,8 +33,7 @@ import optax
 
 from spectral_optax.initializers import spectral_embedding, spectral_normal
 
-__all__ = ["MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family",
-           "resnet_family"]
+__all__ = ["MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family", "resnet_family"]
 
 INITS = ("spectral", "standard")
 
@@ -105,9 +104,7 @@ def loss_for(loss: str | Callable) -> Callable:
     if callable(loss):
         return loss
     if loss == "xent":
-        return lambda logits, y: optax.softmax_cross_entropy_with_integer_labels(
-            logits.astype(jnp.float32), y
-        )
+        return lambda logits, y: optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y)
     if loss == "mse":
         return lambda f, y: 0.5 * (f.reshape(y.shape).astype(jnp.float32) - y) ** 2
     raise ValueError(f"loss must be 'xent', 'mse' or a callable, got {loss!r}")
@@ -162,8 +159,12 @@ class MLP(nn.Module):
             context = x.shape[-1]
             ids = x.astype(jnp.int32) + 256 * jnp.arange(context)
             table = nn.Embed(
-                context * 256, self.width, embedding_init=embed_init(self.parametrization),
-                param_dtype=self.dtype, dtype=self.compute_dtype, name="embed",
+                context * 256,
+                self.width,
+                embedding_init=embed_init(self.parametrization),
+                param_dtype=self.dtype,
+                dtype=self.compute_dtype,
+                name="embed",
             )
             h = table(ids).sum(-2)
             if self.parametrization == "spectral":  # a sum of `context` Theta(1) rows: keep RMS ~ 1
@@ -190,9 +191,16 @@ class MLP(nn.Module):
 
 
 def mlp_family(
-    data, *, vary: str = "width", width: int = 256, depth: int = 1, residual: bool = False,
-    alpha: Callable[[int], float] | float | None = None, init: str = "spectral",
-    loss: str | None = None, **mlp_kwargs,
+    data,
+    *,
+    vary: str = "width",
+    width: int = 256,
+    depth: int = 1,
+    residual: bool = False,
+    alpha: Callable[[int], float] | float | None = None,
+    init: str = "spectral",
+    loss: str | None = None,
+    **mlp_kwargs,
 ) -> Callable[[int], Model]:
     """``size -> Model``: MLPs on ``data`` varying ``'width'`` or ``'depth'``.
 
@@ -216,9 +224,14 @@ def mlp_family(
         w, d = (size, depth) if vary == "width" else (width, size)
         a = alpha(d) if callable(alpha) else alpha
         module = MLP(
-            width=w, depth=d, num_outputs=data.num_outputs,
-            input="bytes" if data.kind == "bytes" else "dense", residual=residual, alpha=a,
-            parametrization=init, **mlp_kwargs,
+            width=w,
+            depth=d,
+            num_outputs=data.num_outputs,
+            input="bytes" if data.kind == "bytes" else "dense",
+            residual=residual,
+            alpha=a,
+            parametrization=init,
+            **mlp_kwargs,
         )
         return Model.from_linen(module, example_x, loss)
 
@@ -226,9 +239,19 @@ def mlp_family(
 
 
 def gpt_family(
-    data, *, vary: str = "depth", width: int = 64, depth: int = 2, num_heads: int | None = None,
-    head_dim: int = 16, scaled: bool = True, base_blocks: int = 2, init: str = "spectral",
-    qkv: str = "fused", dtype: Any = None, **transformer_kwargs,
+    data,
+    *,
+    vary: str = "depth",
+    width: int = 64,
+    depth: int = 2,
+    num_heads: int | None = None,
+    head_dim: int = 16,
+    scaled: bool = True,
+    base_blocks: int = 2,
+    init: str = "spectral",
+    qkv: str = "fused",
+    dtype: Any = None,
+    **transformer_kwargs,
 ) -> Callable[[int], Model]:
     """``size -> Model``: GPT-style decoders (:class:`spectral_optax.nn.linen.Transformer`)
     on a ``'sequence'`` dataset (``lab.text(..., sequence=True)``), varying
@@ -251,8 +274,9 @@ def gpt_family(
     if vary not in ("width", "depth"):
         raise ValueError(f"vary must be 'width' or 'depth', got {vary!r}")
     if data.kind != "sequence":
-        raise ValueError(f"gpt_family needs a 'sequence' dataset (lab.text(..., sequence=True)), "
-                         f"got kind {data.kind!r}")
+        raise ValueError(
+            f"gpt_family needs a 'sequence' dataset (lab.text(..., sequence=True)), got kind {data.kind!r}"
+        )
     example_x, _ = data.numpy_batch("train", [0])
     inits = {}
     if init == "spectral":
@@ -263,10 +287,17 @@ def gpt_family(
     def family(size: int) -> Model:
         w, d = (size, depth) if vary == "width" else (width, size)
         module = Transformer(
-            vocab_size=data.num_outputs, features=w, num_blocks=d,
-            num_heads=num_heads or max(1, w // head_dim), max_len=data.context,
-            base_blocks=base_blocks, alpha=None if scaled else 1.0, qkv=qkv, dtype=dtype,
-            **inits, **transformer_kwargs,
+            vocab_size=data.num_outputs,
+            features=w,
+            num_blocks=d,
+            num_heads=num_heads or max(1, w // head_dim),
+            max_len=data.context,
+            base_blocks=base_blocks,
+            alpha=None if scaled else 1.0,
+            qkv=qkv,
+            dtype=dtype,
+            **inits,
+            **transformer_kwargs,
         )
         return Model.from_linen(module, example_x, "xent")
 
@@ -274,8 +305,15 @@ def gpt_family(
 
 
 def resnet_family(
-    data, *, vary: str = "depth", width: int = 16, depth: int = 2, scaled: bool = True,
-    base_blocks: int = 2, init: str = "spectral", dtype: Any = None,
+    data,
+    *,
+    vary: str = "depth",
+    width: int = 16,
+    depth: int = 2,
+    scaled: bool = True,
+    base_blocks: int = 2,
+    init: str = "spectral",
+    dtype: Any = None,
 ) -> Callable[[int], Model]:
     """``size -> Model``: CIFAR-style ResNets (:class:`spectral_optax.nn.linen.ResNet`,
     K blocks per stage) on an image dataset (``(H, W, C)`` inputs, e.g.
@@ -291,16 +329,18 @@ def resnet_family(
     if vary not in ("width", "depth"):
         raise ValueError(f"vary must be 'width' or 'depth', got {vary!r}")
     if len(data.input_shape) != 3:
-        raise ValueError(f"resnet_family needs images (H, W, C); got input_shape {data.input_shape} "
-                         "(load CIFAR with flatten=False)")
+        raise ValueError(
+            f"resnet_family needs images (H, W, C); got input_shape {data.input_shape} (load CIFAR with flatten=False)"
+        )
     example_x, _ = data.numpy_batch("train", [0])
     inits = {"kernel_init": kernel_init(init)} if init == "spectral" else {}
     kernel_init(init)  # validates `init`
 
     def family(size: int) -> Model:
         w, d = (size, depth) if vary == "width" else (width, size)
-        module = ResNet(w, d, data.num_outputs, base_blocks=base_blocks, alpha=None if scaled else 1.0,
-                        dtype=dtype, **inits)
+        module = ResNet(
+            w, d, data.num_outputs, base_blocks=base_blocks, alpha=None if scaled else 1.0, dtype=dtype, **inits
+        )
         return Model.from_linen(module, example_x, "xent")
 
     return family

@@ -42,8 +42,7 @@ def savefig(fig, path, dpi: int = 90) -> None:
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
 
 
-def plot_sweep(result, path=None, *, ax=None, metric: str = "train_loss", title=None,
-               size_name: str | None = None):
+def plot_sweep(result, path=None, *, ax=None, metric: str = "train_loss", title=None, size_name: str | None = None):
     """Loss vs LR for one sweep.
 
     Args:
@@ -64,7 +63,7 @@ def plot_sweep(result, path=None, *, ax=None, metric: str = "train_loss", title=
     if ax is None:
         fig, ax = plt.subplots(figsize=(4.2, 3.2))
     summ = summarize(runs, metric=metric) if runs else None
-    by = defaultdict(lambda: defaultdict(list))
+    by: defaultdict = defaultdict(lambda: defaultdict(list))
     for r in runs:
         v = r.get(metric)
         ok = not r.get("diverged") and v is not None and np.isfinite(v)
@@ -104,8 +103,14 @@ def plot_sweep(result, path=None, *, ax=None, metric: str = "train_loss", title=
     return ax
 
 
-def plot_sweeps(results: Mapping[str, object] | Sequence, path=None, *,
-                metric: str = "train_loss", ncols: int | None = None, suptitle=None):
+def plot_sweeps(
+    results: Mapping[str, object] | Sequence,
+    path=None,
+    *,
+    metric: str = "train_loss",
+    ncols: int | None = None,
+    suptitle=None,
+):
     """One :func:`plot_sweep` panel per sweep, side by side; saved to ``path``.
 
     Args:
@@ -122,7 +127,7 @@ def plot_sweeps(results: Mapping[str, object] | Sequence, path=None, *,
         summ = None
         runs = _runs_of(res)
         if runs:
-                    summ = summarize(runs, metric=metric)
+            summ = summarize(runs, metric=metric)
         t = f"{name}" + (f"  (spread {summ['spread_steps']:.2f})" if summ else "")
         plot_sweep(res, ax=ax, metric=metric, title=t)
     for ax in list(axes.flat)[n:]:

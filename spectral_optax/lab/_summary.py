@@ -32,20 +32,20 @@ def refine_minimum(lrs: Sequence[float], losses: Sequence[float]) -> tuple[float
       ``(best_lr, index of the grid minimum)``; ``(nan, -1)`` if every run
       diverged.
     """
-    lrs = np.asarray(lrs, float)
+    lrs_a = np.asarray(lrs, float)
     y = np.asarray(losses, float)
     y = np.where(np.isfinite(y), y, np.inf)
     if not np.isfinite(y).any():
         return float("nan"), -1
     i = int(np.argmin(y))
     if 0 < i < len(y) - 1 and np.isfinite(y[i - 1]) and np.isfinite(y[i + 1]):
-        u = np.log(lrs)
+        u = np.log(lrs_a)
         h = 0.5 * (u[i + 1] - u[i - 1])
         curv = y[i - 1] - 2 * y[i] + y[i + 1]
         if curv > 0:
             offset = h * (y[i - 1] - y[i + 1]) / (2 * curv)
             return float(np.exp(u[i] + np.clip(offset, -h / 2, h / 2))), i
-    return float(lrs[i]), i
+    return float(lrs_a[i]), i
 
 
 def spread_steps(best_lrs: Iterable[float], grid_ratio: float = 2.0) -> float:
@@ -57,15 +57,13 @@ def spread_steps(best_lrs: Iterable[float], grid_ratio: float = 2.0) -> float:
 
 
 def _grid_ratio(lrs: Sequence[float]) -> float:
-    lrs = np.sort(np.unique(np.asarray(lrs, float)))
-    if len(lrs) < 2:
+    grid = np.sort(np.unique(np.asarray(lrs, float)))
+    if len(grid) < 2:
         return 2.0
-    return float(np.exp(np.median(np.diff(np.log(lrs)))))
+    return float(np.exp(np.median(np.diff(np.log(grid)))))
 
 
-def summarize(
-    runs: Sequence[dict], *, metric: str = "train_loss", grid_ratio: float | None = None
-) -> dict:
+def summarize(runs: Sequence[dict], *, metric: str = "train_loss", grid_ratio: float | None = None) -> dict:
     """Best LR per size and the spread in grid steps.
 
     Losses are averaged over seeds per (size, LR); a (size, LR) where any seed
@@ -88,7 +86,7 @@ def summarize(
     for r in runs:
         v = r.get(metric)
         bad = r.get("diverged") or v is None or not np.isfinite(v)
-        by_size[r["size"]][float(r["lr"])].append(np.inf if bad else float(v))
+        by_size[r["size"]][float(r["lr"])].append(np.inf if bad or v is None else float(v))
         diverged[r["size"]] += int(bool(bad))
     all_lrs = [lr for d in by_size.values() for lr in d]
     ratio = grid_ratio or _grid_ratio(all_lrs)
@@ -113,5 +111,3 @@ def summarize(
         "metric": metric,
         "num_runs": len(runs),
     }
-
-

@@ -68,8 +68,10 @@ def warmup_cosine(steps: int, warmup: float = 0.05, final: float = 0.0) -> optax
     wasted step) and reaches ``final`` at ``t = steps``.
     """
     if steps < 1 or not 0 <= warmup < 1 or not 0 <= final <= 1:
-        raise ValueError(f"warmup_cosine: need steps >= 1, 0 <= warmup < 1, 0 <= final <= 1; got "
-                         f"steps={steps}, warmup={warmup}, final={final}")
+        raise ValueError(
+            f"warmup_cosine: need steps >= 1, 0 <= warmup < 1, 0 <= final <= 1; got "
+            f"steps={steps}, warmup={warmup}, final={final}"
+        )
     w = max(1, round(warmup * steps))
     decay = max(1, steps - w)
 
@@ -90,8 +92,7 @@ def _schedule_fn(schedule, steps: int):
         return "warmup_cosine", warmup_cosine(steps)
     if callable(schedule):
         return getattr(schedule, "__name__", repr(schedule)), schedule
-    raise ValueError(f"schedule must be one of {SCHEDULES} or a callable step -> multiplier, "
-                     f"got {schedule!r}")
+    raise ValueError(f"schedule must be one of {SCHEDULES} or a callable step -> multiplier, got {schedule!r}")
 
 
 # --------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def load_runs(path: str | os.PathLike | None) -> list[dict]:
                 if not isinstance(rec, dict) or "lr" not in rec or "size" not in rec:
                     raise ValueError("not a run record")
             except ValueError:
-                warnings.warn(f"{path}:{n}: skipping a malformed results line (interrupted write?)")
+                warnings.warn(f"{path}:{n}: skipping a malformed results line (interrupted write?)", stacklevel=2)
                 continue
             runs.append(rec)
     return runs
@@ -145,8 +146,17 @@ def _lr_key(lr: float) -> str:
 
 
 def _run_key(r: dict) -> tuple:
-    return (r["name"], r.get("tag", ""), r["data"], int(r["size"]), int(r["seed"]),
-            _lr_key(r["lr"]), int(r["steps"]), int(r["batch_size"]), r.get("schedule", "constant"))
+    return (
+        r["name"],
+        r.get("tag", ""),
+        r["data"],
+        int(r["size"]),
+        int(r["seed"]),
+        _lr_key(r["lr"]),
+        int(r["steps"]),
+        int(r["batch_size"]),
+        r.get("schedule", "constant"),
+    )
 
 
 # --------------------------------------------------------------------------
@@ -167,8 +177,7 @@ class SweepResult:
 
     def summaries(self, grid_ratio: float | None = None) -> dict:
         """``{'train': summary(train_loss), 'val': summary(val_loss)}``."""
-        return {"train": self.summary("train_loss", grid_ratio),
-                "val": self.summary("val_loss", grid_ratio)}
+        return {"train": self.summary("train_loss", grid_ratio), "val": self.summary("val_loss", grid_ratio)}
 
     def plot(self, path=None, *, ax=None, metric: str = "train_loss", title: str | None = None):
         """Loss vs LR, one curve per size, a star at each best LR (see
@@ -182,10 +191,13 @@ class SweepResult:
 # --------------------------------------------------------------------------
 def _call_factory(factory: Callable, lr, size):
     try:
-        n = len([
-            p for p in inspect.signature(factory).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-        ])
+        n = len(
+            [
+                p
+                for p in inspect.signature(factory).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+            ]
+        )
     except (TypeError, ValueError):
         n = 2
     return factory(lr, size) if n >= 2 else factory(lr)
@@ -242,8 +254,7 @@ def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx
         opt = _call_factory(optimizer, lr, size)
         if not isinstance(opt, optax.GradientTransformation):
             raise TypeError(
-                f"the optimizer factory must return an optax.GradientTransformation, got "
-                f"{type(opt).__name__}"
+                f"the optimizer factory must return an optax.GradientTransformation, got {type(opt).__name__}"
             )
         return opt if multiplier is None else optax.chain(opt, optax.scale_by_schedule(multiplier))
 
@@ -257,8 +268,7 @@ def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx
 
         def step(carry, t):
             params, opt_state, k_data = carry
-            idx = jax.random.randint(jax.random.fold_in(k_data, t), (batch_size,), 0,
-                                     data.num_train)
+            idx = jax.random.randint(jax.random.fold_in(k_data, t), (batch_size,), 0, data.num_train)
             x, y = data.batch(train, idx)
             loss, grads = jax.value_and_grad(model.loss)(params, x, y)
             updates, opt_state = opt.update(grads, opt_state, params)
@@ -272,8 +282,9 @@ def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx
         return model.loss(state[0], x, y).astype(jnp.float32)
 
     # With a mesh, every output keeps its run axis split over the devices: each device trains R/N runs.
-    runs = {} if mesh is None else {
-        "out_shardings": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs"))}
+    runs = (
+        {} if mesh is None else {"out_shardings": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs"))}
+    )
     init_p = jax.jit(jax.vmap(init_run), **runs)
     chunk_p = jax.jit(jax.vmap(chunk, in_axes=(0, 0, None)), donate_argnums=(1,), **runs)
     eval_p = jax.jit(jax.vmap(evaluate), **runs)
@@ -355,8 +366,9 @@ def sweep(
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
     results = os.fspath(results) if results is not None else None
     schedule_name, multiplier = _schedule_fn(schedule, int(steps))
-    base = dict(name=name, tag=tag, data=data.name, steps=int(steps), batch_size=int(batch_size),
-                schedule=schedule_name)
+    base = dict(
+        name=name, tag=tag, data=data.name, steps=int(steps), batch_size=int(batch_size), schedule=schedule_name
+    )
     existing = {}
     for r in load_runs(results):
         try:
@@ -366,7 +378,9 @@ def sweep(
     todo = {}
     for size in sizes:
         missing = [
-            (lr, seed) for seed in seeds for lr in lrs
+            (lr, seed)
+            for seed in seeds
+            for lr in lrs
             if _run_key(dict(base, size=size, seed=seed, lr=lr)) not in existing
         ]
         if missing:
@@ -384,8 +398,9 @@ def sweep(
     if progress and todo:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sum(len(m) for m in todo.values()) * steps, desc=name, unit="step",
-                   unit_scale=True, leave=False)
+        bar = tqdm(
+            total=sum(len(m) for m in todo.values()) * steps, desc=name, unit="step", unit_scale=True, leave=False
+        )
     new_runs = []
     try:
         for size, missing in todo.items():
@@ -418,7 +433,7 @@ def sweep(
             # Wall-clock seconds per training step of one run (its share of the
             # vmapped program, compilation excluded; from the first chunk if only one).
             steady_steps = (n_chunks - 1) * chunk_len
-            step_s = ((time.time() - t_steady) / steady_steps if steady_steps else elapsed / steps)
+            step_s = (time.time() - t_steady) / steady_steps if steady_steps else elapsed / steps
             step_s /= len(missing)
             val_points.append(val_losses)
             buckets = np.array_split(np.arange(steps), min(curve_points, steps))
@@ -428,8 +443,13 @@ def sweep(
                 val_loss = float(val_losses[j])
                 diverged = not (np.isfinite(train_loss) and np.isfinite(val_loss))
                 rec = dict(
-                    base, size=size, seed=seed, lr=lr, train_loss=_json_float(train_loss),
-                    val_loss=_json_float(val_loss), diverged=diverged,
+                    base,
+                    size=size,
+                    seed=seed,
+                    lr=lr,
+                    train_loss=_json_float(train_loss),
+                    val_loss=_json_float(val_loss),
+                    diverged=diverged,
                     initial_loss=_json_float(curve[0]),
                     curve_steps=[int(b[-1]) + 1 for b in buckets],
                     curve=[_json_float(np.mean(curve[b])) for b in buckets],
@@ -445,10 +465,7 @@ def sweep(
     finally:
         if bar is not None:
             bar.close()
-    wanted = {
-        _run_key(dict(base, size=size, seed=seed, lr=lr))
-        for size in sizes for seed in seeds for lr in lrs
-    }
+    wanted = {_run_key(dict(base, size=size, seed=seed, lr=lr)) for size in sizes for seed in seeds for lr in lrs}
     runs = [r for k, r in existing.items() if k in wanted] + new_runs
     runs.sort(key=lambda r: (r["size"], r["seed"], r["lr"]))
     return SweepResult(name, runs, size_name=size_name, path=results)

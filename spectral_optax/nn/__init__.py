@@ -23,6 +23,12 @@ from spectral_optax.nn.linen import (
 )
 
 __all__ = [
-    "RESNET_BRANCH_OUT_PATTERN", "ResNet", "ResNetBlock", "ResidualMLP", "Transformer",
-    "TransformerBlock", "linen", "nnx",
+    "RESNET_BRANCH_OUT_PATTERN",
+    "ResNet",
+    "ResNetBlock",
+    "ResidualMLP",
+    "Transformer",
+    "TransformerBlock",
+    "linen",
+    "nnx",
 ]

@@ -69,8 +69,9 @@ class MLPBranch(nn.Module):
     @nn.compact
     def __call__(self, h):
         hidden = self.hidden_features or self.features
-        y = nn.Dense(hidden, kernel_init=self.kernel_init, dtype=self.dtype,
-                     param_dtype=self.param_dtype, name="dense_0")(h)
+        y = nn.Dense(
+            hidden, kernel_init=self.kernel_init, dtype=self.dtype, param_dtype=self.param_dtype, name="dense_0"
+        )(h)
         y = nn.gelu(y)
         return nn.Dense(
             self.features,
@@ -100,8 +101,9 @@ class ResidualMLPBlock(nn.Module):
     @nn.compact
     def __call__(self, h, _=None):
         hidden = self.hidden_features or self.features
-        y = nn.Dense(hidden, kernel_init=self.kernel_init, dtype=self.dtype,
-                     param_dtype=self.param_dtype, name="dense_0")(h)
+        y = nn.Dense(
+            hidden, kernel_init=self.kernel_init, dtype=self.dtype, param_dtype=self.param_dtype, name="dense_0"
+        )(h)
         y = nn.relu(y)
         y = nn.Dense(
             self.features,
@@ -149,10 +151,10 @@ class FusedSelfAttention(nn.Module):
         kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
         qkv = nn.Dense(3 * d, kernel_init=self.kernel_init, name="qkv", **kw)(x)
         qkv = qkv.reshape(x.shape[:-1] + (3, self.num_heads, d // self.num_heads))
-        y = nn.dot_product_attention(qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :],
-                                     mask=mask, deterministic=True, dtype=self.dtype)
-        return nn.DenseGeneral(d, axis=(-2, -1), kernel_init=self.out_kernel_init, name="out",
-                               **kw)(y)
+        y = nn.dot_product_attention(
+            qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :], mask=mask, deterministic=True, dtype=self.dtype
+        )
+        return nn.DenseGeneral(d, axis=(-2, -1), kernel_init=self.out_kernel_init, name="out", **kw)(y)
 
 
 class TransformerBlock(nn.Module):
@@ -191,8 +193,9 @@ class TransformerBlock(nn.Module):
         mask = nn.make_causal_mask(jnp.ones(h.shape[:-1], jnp.int32)) if self.causal else None
         out_init = scale_init(self.kernel_init, self.out_scale)
         if _check_qkv(self.qkv) == "fused":
-            y = FusedSelfAttention(self.num_heads, kernel_init=self.kernel_init,
-                                   out_kernel_init=out_init, name="attn", **kw)(y, mask=mask)
+            y = FusedSelfAttention(
+                self.num_heads, kernel_init=self.kernel_init, out_kernel_init=out_init, name="attn", **kw
+            )(y, mask=mask)
         else:
             y = nn.MultiHeadDotProductAttention(
                 num_heads=self.num_heads,
@@ -349,9 +352,7 @@ class Transformer(nn.Module):
             raise ValueError(f"sequence length {tokens.shape[-1]} exceeds max_len={self.max_len}")
         emb = dict(embedding_init=self.embedding_init, **kw)
         h = nn.Embed(self.vocab_size, self.features, name="embed", **emb)(tokens)
-        pos = nn.Embed(self.max_len, self.features, name="pos_embed", **emb)(
-            jnp.arange(tokens.shape[-1])
-        )
+        pos = nn.Embed(self.max_len, self.features, name="pos_embed", **emb)(jnp.arange(tokens.shape[-1]))
         h = h + pos
         mult, out_scale = _multiplier_and_out_scale(self.branch_alpha, self.absorbed)
         h = _stack(
@@ -397,12 +398,15 @@ class ResNetBlock(nn.Module):
     def __call__(self, h):
         kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
         y = nn.Conv(self.features, (3, 3), kernel_init=self.kernel_init, name="conv_0", **kw)(
-            nn.relu(nn.LayerNorm(name="ln_0", **kw)(h)))
+            nn.relu(nn.LayerNorm(name="ln_0", **kw)(h))
+        )
         y = nn.Conv(
-            self.features, (3, 3),
+            self.features,
+            (3, 3),
             kernel_init=scale_init(self.kernel_init, self.out_scale),
             bias_init=scale_init(nn.initializers.zeros_init(), self.out_scale),
-            name="conv_1", **kw,
+            name="conv_1",
+            **kw,
         )(nn.relu(nn.LayerNorm(name="ln_1", **kw)(y)))
         return h + jnp.asarray(self.multiplier, y.dtype) * y
 
@@ -452,10 +456,15 @@ class ResNet(nn.Module):
         for s in range(3):
             width = self.features * 2**s
             if s:
-                h = nn.Conv(width, (3, 3), strides=(2, 2), kernel_init=self.kernel_init,
-                            name=f"conv_down_{s}", **kw)(h)
+                h = nn.Conv(width, (3, 3), strides=(2, 2), kernel_init=self.kernel_init, name=f"conv_down_{s}", **kw)(h)
             for k in range(self.num_blocks):
-                h = ResNetBlock(width, multiplier=mult, out_scale=out_scale, kernel_init=self.kernel_init,
-                                name=f"stage_{s}_blocks_{k}", **kw)(h)
+                h = ResNetBlock(
+                    width,
+                    multiplier=mult,
+                    out_scale=out_scale,
+                    kernel_init=self.kernel_init,
+                    name=f"stage_{s}_blocks_{k}",
+                    **kw,
+                )(h)
         h = nn.relu(nn.LayerNorm(name="ln_final", **kw)(h)).mean(axis=(1, 2))
         return nn.Dense(self.num_classes, kernel_init=self.kernel_init, name="head", **kw)(h)

@@ -72,8 +72,17 @@ class ResidualMLPBlock(nnx.Module):
 class MLPBranch(nnx.Module):
     """``dense_1(gelu(dense_0(h)))``: the transformer's MLP branch."""
 
-    def __init__(self, features, hidden_features, *, out_scale=1.0,
-                 kernel_init=default_kernel_init, dtype=None, param_dtype=jnp.float32, rngs):
+    def __init__(
+        self,
+        features,
+        hidden_features,
+        *,
+        out_scale=1.0,
+        kernel_init=default_kernel_init,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs,
+    ):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.dense_0 = nnx.Linear(features, hidden_features, kernel_init=kernel_init, **kw)
         self.dense_1 = nnx.Linear(
@@ -93,22 +102,33 @@ class FusedSelfAttention(nnx.Module):
     and ``out`` (LinearGeneral over ``(heads, d_head)``): the twin of
     :class:`spectral_optax.nn.linen.FusedSelfAttention`, same parameter paths."""
 
-    def __init__(self, features: int, num_heads: int, *, kernel_init=default_kernel_init,
-                 out_kernel_init=default_kernel_init, dtype=None, param_dtype=jnp.float32, rngs):
+    def __init__(
+        self,
+        features: int,
+        num_heads: int,
+        *,
+        kernel_init=default_kernel_init,
+        out_kernel_init=default_kernel_init,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs,
+    ):
         if features % num_heads:
             raise ValueError(f"features={features} is not divisible by num_heads={num_heads}")
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         self.num_heads = num_heads
         self.dtype = dtype
         self.qkv = nnx.Linear(features, 3 * features, kernel_init=kernel_init, **kw)
-        self.out = nnx.LinearGeneral((num_heads, features // num_heads), features, axis=(-2, -1),
-                                     kernel_init=out_kernel_init, **kw)
+        self.out = nnx.LinearGeneral(
+            (num_heads, features // num_heads), features, axis=(-2, -1), kernel_init=out_kernel_init, **kw
+        )
 
     def __call__(self, x, mask=None):
         d = x.shape[-1]
         qkv = self.qkv(x).reshape(x.shape[:-1] + (3, self.num_heads, d // self.num_heads))
-        y = nnx.dot_product_attention(qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :],
-                                      mask=mask, dtype=self.dtype)
+        y = nnx.dot_product_attention(
+            qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :], mask=mask, dtype=self.dtype
+        )
         return self.out(y)
 
 
@@ -141,8 +161,7 @@ class TransformerBlock(nnx.Module):
         out_init = scale_init(kernel_init, out_scale)
         self.attn: nnx.Module
         if _check_qkv(qkv) == "fused":
-            self.attn = FusedSelfAttention(features, num_heads, kernel_init=kernel_init,
-                                           out_kernel_init=out_init, **kw)
+            self.attn = FusedSelfAttention(features, num_heads, kernel_init=kernel_init, out_kernel_init=out_init, **kw)
         else:
             self.attn = nnx.MultiHeadAttention(
                 num_heads=num_heads,
@@ -154,8 +173,7 @@ class TransformerBlock(nnx.Module):
                 **kw,
             )
         self.ln_mlp = nnx.LayerNorm(features, **kw)
-        self.mlp = MLPBranch(features, mlp_ratio * features, out_scale=out_scale,
-                             kernel_init=kernel_init, **kw)
+        self.mlp = MLPBranch(features, mlp_ratio * features, out_scale=out_scale, kernel_init=kernel_init, **kw)
 
     def __call__(self, h):
         m = jnp.asarray(self.multiplier, h.dtype)
@@ -244,8 +262,9 @@ class ResidualMLP(nnx.Module):
         self.input_proj = nnx.Linear(d_in, features, kernel_init=kernel_init, rngs=rngs, **kw)
         mult, out_scale = (1.0, a) if absorbed else (a, 1.0)
         self.blocks = _stacked(
-            lambda r: ResidualMLPBlock(features, hidden_features, multiplier=mult,
-                                       out_scale=out_scale, kernel_init=kernel_init, rngs=r, **kw),
+            lambda r: ResidualMLPBlock(
+                features, hidden_features, multiplier=mult, out_scale=out_scale, kernel_init=kernel_init, rngs=r, **kw
+            ),
             num_blocks,
             rngs,
         )
@@ -298,9 +317,17 @@ class Transformer(nnx.Module):
         mult, out_scale = (1.0, a) if absorbed else (a, 1.0)
         _set_blocks(
             self,
-            lambda r: TransformerBlock(features, num_heads, mlp_ratio=mlp_ratio, multiplier=mult,
-                                       out_scale=out_scale, qkv=qkv, kernel_init=kernel_init,
-                                       rngs=r, **kw),
+            lambda r: TransformerBlock(
+                features,
+                num_heads,
+                mlp_ratio=mlp_ratio,
+                multiplier=mult,
+                out_scale=out_scale,
+                qkv=qkv,
+                kernel_init=kernel_init,
+                rngs=r,
+                **kw,
+            ),
             num_blocks,
             scan,
             rngs,
@@ -319,16 +346,30 @@ class Transformer(nnx.Module):
 class ResNetBlock(nnx.Module):
     """Twin of :class:`spectral_optax.nn.linen.ResNetBlock` (same paths and function)."""
 
-    def __init__(self, features: int, *, multiplier: float = 1.0, out_scale: float = 1.0,
-                 kernel_init: Initializer = default_kernel_init, dtype: Any = None,
-                 param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        features: int,
+        *,
+        multiplier: float = 1.0,
+        out_scale: float = 1.0,
+        kernel_init: Initializer = default_kernel_init,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         self.multiplier = multiplier
         self.ln_0 = nnx.LayerNorm(features, **kw)
         self.conv_0 = nnx.Conv(features, features, (3, 3), kernel_init=kernel_init, **kw)
         self.ln_1 = nnx.LayerNorm(features, **kw)
-        self.conv_1 = nnx.Conv(features, features, (3, 3), kernel_init=scale_init(kernel_init, out_scale),
-                               bias_init=scale_init(nnx.initializers.zeros_init(), out_scale), **kw)
+        self.conv_1 = nnx.Conv(
+            features,
+            features,
+            (3, 3),
+            kernel_init=scale_init(kernel_init, out_scale),
+            bias_init=scale_init(nnx.initializers.zeros_init(), out_scale),
+            **kw,
+        )
 
     def __call__(self, h):
         y = self.conv_1(jax.nn.relu(self.ln_1(self.conv_0(jax.nn.relu(self.ln_0(h))))))
@@ -341,10 +382,21 @@ class ResNet(nnx.Module):
     ``features * (1, 2, 4)`` with stride-2 ``conv_down_{s}`` between them,
     ``ln_final``, global average pooling, ``head``."""
 
-    def __init__(self, in_channels: int, features: int, num_blocks: int, num_classes: int, *,
-                 base_blocks: int = 2, alpha: float | None = None, absorbed: bool = False,
-                 kernel_init: Initializer = default_kernel_init, dtype: Any = None,
-                 param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        in_channels: int,
+        features: int,
+        num_blocks: int,
+        num_classes: int,
+        *,
+        base_blocks: int = 2,
+        alpha: float | None = None,
+        absorbed: bool = False,
+        kernel_init: Initializer = default_kernel_init,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
         a = residual_alpha(num_blocks, base_blocks, alpha=alpha)
         self.branch_alpha = a
         self.num_blocks = num_blocks
@@ -354,11 +406,17 @@ class ResNet(nnx.Module):
         for s in range(3):
             width = features * 2**s
             if s:
-                setattr(self, f"conv_down_{s}", nnx.Conv(width // 2, width, (3, 3), strides=(2, 2),
-                                                         kernel_init=kernel_init, **kw))
+                setattr(
+                    self,
+                    f"conv_down_{s}",
+                    nnx.Conv(width // 2, width, (3, 3), strides=(2, 2), kernel_init=kernel_init, **kw),
+                )
             for k in range(num_blocks):
-                setattr(self, f"stage_{s}_blocks_{k}",
-                        ResNetBlock(width, multiplier=mult, out_scale=out_scale, kernel_init=kernel_init, **kw))
+                setattr(
+                    self,
+                    f"stage_{s}_blocks_{k}",
+                    ResNetBlock(width, multiplier=mult, out_scale=out_scale, kernel_init=kernel_init, **kw),
+                )
         self.ln_final = nnx.LayerNorm(4 * features, **kw)
         self.head = nnx.Linear(4 * features, num_classes, kernel_init=kernel_init, **kw)
 
