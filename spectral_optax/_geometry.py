@@ -19,13 +19,19 @@ Kinds:
     token's fan-out vector has RMS Theta(1); the effective input width is 1.
   * ``'vector'``: biases and norm scales, a matrix fed by a constant input of
     width 1 (``d_in = 1``), so its target is RMS 1.
+  * ``'elementwise'``: a leaf no rule could decide (the documented fallback,
+    see :class:`GeometryMap`): every entry is its own ``1 x 1`` slice
+    (``to_matrix`` gives ``(size, 1, 1)``), so each optimizer sends it to its
+    element-wise route (AdamW in ``muon``, sign in ``moga``, per-entry
+    normalization in ``spectral_sgd``, plain SGD / Adam steps in the muP
+    optimizers).
 
 Roles: ``'hidden'`` (default), ``'output'`` (the read-out / head layer, which
 some optimizers treat differently). Inferred from names, overridable.
 
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning".
-  REFERENCE.md section 1.
+  The math: docs/math.md.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +48,9 @@ import jax.numpy as jnp
 import numpy as np
 
 KINDS = ("matrix", "embedding", "vector")
+#: The fallback kind of a leaf no rule decides (not a layer type: no dual map of its own).
+ELEMENTWISE = "elementwise"
+ALL_KINDS = KINDS + (ELEMENTWISE,)
 ROLES = ("hidden", "output")
 
 # Leaf / module names recognised by the inference rules.
@@ -59,13 +69,23 @@ class GeometryError(ValueError):
     """A parameter whose geometry cannot be decided, or an invalid override."""
 
 
+class UndecidableGeometryError(GeometryError):
+    """No rule decides a leaf's geometry (raised with ``strict=True``; otherwise
+    the leaf falls back to ``'elementwise'`` with a :class:`GeometryWarning`)."""
+
+
+class GeometryWarning(UserWarning):
+    """A leaf fell back to the ``'elementwise'`` geometry (no rule decided it)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Geometry:
     """How one parameter array acts as a (batch of) linear map(s).
 
     Attributes:
       shape: the parameter's shape.
-      kind: ``'matrix'``, ``'embedding'`` or ``'vector'``.
+      kind: ``'matrix'``, ``'embedding'``, ``'vector'`` or ``'elementwise'``
+        (no fan axes: every entry is a batch slice of size ``1 x 1``).
       fan_in_axes: axes contracted with the layer input (empty for vectors).
       fan_out_axes: axes that produce the layer output.
       fan_out_splits: the fan-out dimension is the concatenation of this many
@@ -88,8 +108,8 @@ class Geometry:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "fan_in_axes", norm(self.fan_in_axes))
         object.__setattr__(self, "fan_out_axes", norm(self.fan_out_axes))
-        if self.kind not in KINDS:
-            raise GeometryError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind not in ALL_KINDS:
+            raise GeometryError(f"kind must be one of {ALL_KINDS}, got {self.kind!r}")
         if self.role not in ROLES:
             raise GeometryError(f"role must be one of {ROLES}, got {self.role!r}")
         both = set(self.fan_in_axes) & set(self.fan_out_axes)
@@ -98,9 +118,11 @@ class Geometry:
                 f"invalid axes for shape {shape}: fan_in_axes={self.fan_in_axes}, "
                 f"fan_out_axes={self.fan_out_axes} (must be distinct axes of the array)"
             )
+        if self.kind == ELEMENTWISE and (self.fan_in_axes or self.fan_out_axes):
+            raise GeometryError(f"an 'elementwise' geometry has no fan axes (shape {shape})")
         if self.kind == "matrix" and ndim and not self.fan_in_axes:
             raise GeometryError(f"a 'matrix' needs at least one fan-in axis (shape {shape})")
-        if self.kind != "vector" and ndim and not self.fan_out_axes:
+        if self.kind not in ("vector", ELEMENTWISE) and ndim and not self.fan_out_axes:
             raise GeometryError(f"a {self.kind!r} needs at least one fan-out axis (shape {shape})")
         if self.fan_out_splits < 1 or self._d(self.fan_out_axes) % self.fan_out_splits:
             raise GeometryError(
@@ -164,6 +186,11 @@ class Geometry:
         if fan_out_axes is None:
             fan_out_axes = tuple(range(len(shape)))
         return cls(tuple(shape), "vector", (), tuple(fan_out_axes), **kw)
+
+    @classmethod
+    def elementwise(cls, shape, **kw) -> Geometry:
+        """Every entry on its own (canonical view ``(size, 1, 1)``): the fallback kind."""
+        return cls(tuple(shape), ELEMENTWISE, (), (), **kw)
 
     def replace(self, **kw) -> Geometry:
         return dataclasses.replace(self, **kw)
@@ -347,6 +374,8 @@ def _apply_override(override: Override, path: str, shape: tuple[int, ...]) -> Ge
                 return Geometry.vector(shape, **fields)
             if kind == "embedding":
                 return Geometry.embedding(shape, **fields)
+            if kind == ELEMENTWISE:
+                return Geometry.elementwise(shape, **fields)
             if ndim < 2 and "fan_in_axes" not in fields:
                 raise GeometryError("a matrix needs >= 2 axes or explicit fan_in_axes")
             fields.setdefault("fan_in_axes", (-2,))
@@ -386,7 +415,13 @@ class GeometryMap:
          norms and treats extra leading axes as stacked-layer batch axes;
       4. Flax naming conventions (``kernel``, ``embedding``, ``bias``,
          ``scale``, module names such as ``Dense_0``, ``Conv_1``, ``query``).
-    A leaf no rule covers raises :class:`GeometryError` naming its path.
+
+    A leaf no rule covers (e.g. a 3-D leaf ``'w'`` of a plain pytree) falls
+    back to ``Geometry.elementwise(shape)`` with a :class:`GeometryWarning`
+    naming its path and the override that fixes it: every named optimizer
+    has an element-wise route for it (as ``optax.contrib.muon`` sends non-2-D
+    leaves to Adam). With ``strict=True`` such a leaf raises
+    :class:`GeometryError` instead. The decision is made once per leaf, here.
     """
 
     def __init__(
@@ -395,7 +430,9 @@ class GeometryMap:
         *,
         tree: Any = None,
         hints: Mapping[tuple[str, ...], Mapping[str, _Layout]] | None = None,
+        strict: bool = False,
     ):
+        self.strict = bool(strict)
         self.overrides = [(re.compile(k), v) for k, v in (overrides or {}).items()]
         self.explicit: dict[str, Geometry] = {}
         if tree is not None:
@@ -411,17 +448,17 @@ class GeometryMap:
 
     # -- constructors from models -------------------------------------------
     @classmethod
-    def from_nnx(cls, module, overrides=None) -> GeometryMap:
+    def from_nnx(cls, module, overrides=None, *, strict: bool = False) -> GeometryMap:
         """Exact layouts read from a live ``flax.nnx`` module."""
-        return cls(overrides, hints=_hints_from_nnx(module))
+        return cls(overrides, hints=_hints_from_nnx(module), strict=strict)
 
     @classmethod
-    def from_linen(cls, module, *args, overrides=None, **kwargs) -> GeometryMap:
+    def from_linen(cls, module, *args, overrides=None, strict: bool = False, **kwargs) -> GeometryMap:
         """Exact layouts from a Linen module, traced (shapes only) on ``args``."""
-        return cls(overrides, hints=_hints_from_linen(module, args, kwargs))
+        return cls(overrides, hints=_hints_from_linen(module, args, kwargs), strict=strict)
 
     def with_overrides(self, overrides: Mapping[str, Override]) -> GeometryMap:
-        new = GeometryMap(hints=self.hints)
+        new = GeometryMap(hints=self.hints, strict=self.strict)
         new.explicit = dict(self.explicit)
         new.overrides = [(re.compile(k), v) for k, v in overrides.items()] + self.overrides
         return new
@@ -443,10 +480,28 @@ class GeometryMap:
             for p, s in zip(*key):
                 g = self._decided.get((p, s))
                 if g is None:
-                    g = self._decided[(p, s)] = self._resolve_one(p, s, shape_of)
+                    g = self._decided[(p, s)] = self._decide(p, s, shape_of)
                 out.append(g)
             self._cache[key] = tuple(out)
         return self._cache[key]
+
+    def _decide(self, path: str, shape: tuple[int, ...], shape_of) -> Geometry:
+        """:meth:`_resolve_one`, with the element-wise fallback unless ``strict``."""
+        try:
+            return self._resolve_one(path, shape, shape_of)
+        except UndecidableGeometryError:
+            if self.strict:
+                raise
+            warnings.warn(
+                f"parameter '{path}' with shape {shape}: no rule decides its geometry, so it gets the "
+                "element-wise route (AdamW in muon, sign in moga, per-entry normalization in "
+                "spectral_sgd, a plain SGD / Adam step in the muP optimizers). "
+                + _override_help(path, shape)
+                + "\n  Pass geometry=spectral_optax.GeometryMap(strict=True) to make this an error.",
+                GeometryWarning,
+                stacklevel=2,
+            )
+            return Geometry.elementwise(shape, role="output" if _is_output_path(path) else "hidden")
 
     def _resolve_one(self, path: str, shape: tuple[int, ...], shape_of) -> Geometry:
         for pattern, override in self.overrides:
@@ -519,7 +574,7 @@ class GeometryMap:
                 "attention" in grandparent.lower() or attention_sibling in shape_of
             ):
                 return Geometry(shape, "matrix", (ndim - 3, ndim - 2), (ndim - 1,), role=role)
-        raise GeometryError(
+        raise UndecidableGeometryError(
             f"cannot infer the geometry of parameter '{path}' with shape {shape}: no Flax naming "
             f"rule decides which of its {ndim} axes are fan-in, fan-out and batch axes.\n"
             + _override_help(path, shape)
@@ -551,7 +606,9 @@ def as_geometry_map(geometry: GeometryLike = None) -> GeometryMap:
 
     Accepts ``None`` (infer from names), a :class:`GeometryMap`, a dict
     ``{regex: override}``, a tree whose leaves are :class:`Geometry` (matched
-    by path), or a live ``flax.nnx.Module``.
+    by path), or a live ``flax.nnx.Module``. Leaves that no rule decides fall
+    back to ``'elementwise'`` with a warning; use ``GeometryMap(..., strict=True)``
+    to raise instead.
     """
     if geometry is None:
         return GeometryMap()

@@ -127,8 +127,13 @@ def test_transform_errors():
         so.orthogonalize_via_newton_schulz(kinds=("matrix", "tensor"))
     tx = so.orthogonalize_via_newton_schulz()
     bad = {"blocks": {"w3d": jnp.ones((2, 3, 4))}}
+    strict = so.orthogonalize_via_newton_schulz(geometry=so.GeometryMap(strict=True))
     with pytest.raises(so.GeometryError, match="blocks/w3d"):
-        tx.update(bad, tx.init(bad))
+        strict.update(bad, strict.init(bad))
+    # Non-strict: the element-wise leaf is not one of the orthogonalized kinds and passes through.
+    with pytest.warns(so.GeometryWarning, match="blocks/w3d"):
+        out, _ = tx.update(bad, tx.init(bad))
+    np.testing.assert_array_equal(out["blocks"]["w3d"], bad["blocks"]["w3d"])
 
 
 # ------------------------------------------------------------------ muon

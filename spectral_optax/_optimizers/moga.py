@@ -50,7 +50,7 @@ MOGA_RULES = ("row", "col", "head", "sign", "adam")
 def _default_rule(geom: Geometry, variant: str) -> str:
     if geom.kind == "matrix":
         return "head" if geom.role == "output" else variant
-    return "sign"  # embeddings, biases, norm scales
+    return "sign"  # embeddings, biases, norm scales, and 'elementwise' leaves (no rule decided them)
 
 
 def _route_fn(variant: str, rules: Mapping[str, Any] | None) -> Callable[[str, Geometry], str]:
@@ -110,7 +110,8 @@ def moga(
       (:func:`scale_by_col_norm`);
     * ``'head'`` (matrices with role ``'output'``): the row direction without
       fan scaling and without ``base_factor`` (unit ``l_{p*}`` fan-in vectors);
-    * ``'sign'`` (embeddings, biases, norm scales): ``sign(mu)``;
+    * ``'sign'`` (embeddings, biases, norm scales, and leaves no geometry
+      rule decides, kind ``'elementwise'``): ``sign(mu)``;
     * ``'adam'`` (only by request): Adam with ``b1=momentum``, ``adam_b2``,
       ``adam_eps`` at the same learning rate.
 
