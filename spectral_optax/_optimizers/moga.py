@@ -113,7 +113,8 @@ def moga(
     * ``'sign'`` (embeddings, biases, norm scales, and leaves no geometry
       rule decides, kind ``'elementwise'``): ``sign(mu)``;
     * ``'adam'`` (only by request): Adam with ``b1=momentum``, ``adam_b2``,
-      ``adam_eps`` at the same learning rate.
+      ``adam_eps`` and ``nesterov`` (``optax.scale_by_adam``'s Nesterov form)
+      at the same learning rate.
 
     A fused QKV kernel declared with ``fan_out_splits=3`` in the geometry is
     normalized as three independent Q, K, V blocks (``d_out`` per block).
