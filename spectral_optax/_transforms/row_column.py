@@ -97,5 +97,6 @@ def scale_by_col_norm(
 
 def scale_by_sign() -> optax.GradientTransformation:
     """``u -> sign(u)`` elementwise (steepest descent in the max-entry norm;
-    MOGA's rule for embeddings and 1-D parameters). Dtypes preserved."""
-    return optax.scale_by_sign()
+    MOGA's rule for embeddings and 1-D parameters). Dtypes preserved; extra
+    keyword arguments of ``update`` are accepted and ignored."""
+    return optax.with_extra_args_support(optax.scale_by_sign())
