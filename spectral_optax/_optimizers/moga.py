@@ -32,7 +32,7 @@ from spectral_optax._geometry import (
     map_with_geometry,
 )
 from spectral_optax._numerics import static_value
-from spectral_optax._optimizers.common import geometry_partition
+from spectral_optax._optimizers.common import geometry_partition, train_float_leaves
 from spectral_optax._transforms.momentum import ema_momentum
 from spectral_optax._transforms.row_column import (
     scale_by_col_norm,
@@ -207,10 +207,19 @@ def moga(
     for key, rule in (rules or {}).items():
         if not isinstance(rule, str):
             table[f"custom:{key}"] = rule
-    return optax.chain(
-        geometry_partition(table, _route_fn(variant, rules), gmap),
+    def check_rules(paths):
+        for key in rules or {}:
+            if not any(re.search(key, p) for p in paths):
+                shown = "\n    ".join(paths[:12]) + ("\n    ..." if len(paths) > 12 else "")
+                raise ValueError(
+                    f"moga: rules[{key!r}] matches no parameter (the regex is re.search-ed on the "
+                    f"'/'-joined paths, which are:\n    {shown})\nFix the regex or drop the rule."
+                )
+
+    return train_float_leaves(optax.chain(
+        geometry_partition(table, _route_fn(variant, rules), gmap, check_paths=check_rules),
         *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-    )
+    ))
 
 
 def _fan_factor(geom: Geometry, p, q, dtype):
@@ -282,8 +291,8 @@ def rescaled_adamw(
         raise ValueError(f"q must be in (0, inf], got {q!r}")
     gmap = as_geometry_map(geometry)
     mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
-    return optax.chain(
+    return train_float_leaves(optax.chain(
         optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
         _scale_by_fan_ratio(p, q, gmap),
         *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-    )
+    ))

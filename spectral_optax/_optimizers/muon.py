@@ -43,7 +43,7 @@ from spectral_optax._geometry import (
     GeometryMap,
     as_geometry_map,
 )
-from spectral_optax._optimizers.common import geometry_partition
+from spectral_optax._optimizers.common import geometry_partition, train_float_leaves
 from spectral_optax._transforms.momentum import ema_momentum
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
 from spectral_optax._transforms.spectral import scale_by_fan_out_rms
@@ -213,7 +213,7 @@ def muon(
             lambda params: jax.tree.map(lambda g: g.kind != "vector", gmap.tree(params),
                                         is_leaf=lambda x: isinstance(x, Geometry))
         )
-    return geometry_partition(table, route_of, gmap, split=split)
+    return train_float_leaves(geometry_partition(table, route_of, gmap, split=split))
 
 
 def _contrib_geometry(path: str, shape: tuple[int, ...]) -> Geometry:
