@@ -389,6 +389,19 @@ def _apply_override(override: Override, path: str, shape: tuple[int, ...]) -> Ge
     )
 
 
+def _compile_overrides(overrides: Mapping[str, Override]) -> list:
+    out = []
+    for k, v in overrides.items():
+        try:
+            out.append((re.compile(k), v))
+        except re.error as e:
+            raise GeometryError(
+                f"geometry override {k!r} is not a valid regular expression ({e}); overrides map a regex "
+                "re.search-ed on the '/'-joined parameter path to a Geometry, a kind or a dict of fields"
+            ) from e
+    return out
+
+
 def _override_help(path: str, shape: tuple[int, ...]) -> str:
     pattern = "/".join(path.split("/")[-2:]) + "$"
     return (
@@ -433,7 +446,7 @@ class GeometryMap:
         strict: bool = False,
     ):
         self.strict = bool(strict)
-        self.overrides = [(re.compile(k), v) for k, v in (overrides or {}).items()]
+        self.overrides = _compile_overrides(overrides or {})
         self.explicit: dict[str, Geometry] = {}
         if tree is not None:
             flat, _ = jax.tree_util.tree_flatten_with_path(
@@ -460,7 +473,7 @@ class GeometryMap:
     def with_overrides(self, overrides: Mapping[str, Override]) -> GeometryMap:
         new = GeometryMap(hints=self.hints, strict=self.strict)
         new.explicit = dict(self.explicit)
-        new.overrides = [(re.compile(k), v) for k, v in overrides.items()] + self.overrides
+        new.overrides = _compile_overrides(overrides) + self.overrides
         return new
 
     # -- resolution -----------------------------------------------------------

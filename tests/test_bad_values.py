@@ -80,7 +80,9 @@ def test_apply_if_finite_skips_the_step_with_params_and_state_unchanged(name):
         p = optax.apply_updates(p, u)
         v, t = plain.update(g, t, q)
         q = optax.apply_updates(q, v)
-    jax.tree.map(np.testing.assert_array_equal, p, q)  # the skipped step left no trace
+    # The skipped step left no trace (up to float32 rounding: apply_if_finite runs the
+    # inner update under lax.cond, compiled differently from the plain eager update).
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p, q)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -103,8 +105,8 @@ def test_integer_boolean_size0_leaves_unchanged_and_0d_trained(name):
     plain_tx = OPTIMIZERS[name]()
     ref, _ = plain_tx.update(jax.tree.map(jnp.ones_like, tree()), plain_tx.init(tree()), tree())
     first, _ = tx.update(grads, tx.init(params), params)
-    for k in ref:
-        jax.tree.map(np.testing.assert_array_equal, first[k], ref[k])
+    for k in ref:  # (equal up to float32 rounding: the trees are compiled differently)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), first[k], ref[k])
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -155,7 +157,7 @@ def test_invalid_options_rejected_at_construction(make, match):
 
 def test_rule_matching_no_parameter_rejected_with_the_paths():
     tx = so.moga(0.1, rules={r"Dense_7/kernel$": "adam"})
-    with pytest.raises(ValueError, match=r"rules\['Dense_7/kernel\$'\] matches no parameter.*Dense_0/kernel"):
+    with pytest.raises(ValueError, match=r"(?s)rules\['Dense_7/kernel\$'\] matches no parameter.*Dense_0/kernel"):
         tx.init(tree())
 
 

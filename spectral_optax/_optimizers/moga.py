@@ -169,7 +169,11 @@ def moga(
     if variant not in ("row", "col"):
         raise ValueError(f"variant must be 'row' or 'col', got {variant!r}")
     for key, rule in (rules or {}).items():
-        re.compile(key)
+        try:
+            re.compile(key)
+        except re.error as e:
+            raise ValueError(f"rules: {key!r} is not a valid regular expression ({e}); rules map a regex "
+                             "re.search-ed on the '/'-joined parameter path to a rule") from e
         if isinstance(rule, str) and rule not in MOGA_RULES:
             raise ValueError(
                 f"rules[{key!r}] = {rule!r}: a rule must be one of {MOGA_RULES} or an "
