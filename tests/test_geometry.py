@@ -157,7 +157,10 @@ def test_nnx_state_and_module():
     assert g["norm/scale"].kind == "vector"
     # The geometry tree has the State's structure.
     tree = so.infer_geometry(state, model)
-    assert jax.tree.structure(tree, is_leaf=lambda x: isinstance(x, Geometry)) is not None
+    assert jax.tree.structure(tree, is_leaf=lambda x: isinstance(x, Geometry)) == jax.tree.structure(state)
+    flat = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Geometry))
+    assert all(isinstance(x, Geometry) for x in flat)
+    assert [x.shape for x in flat] == [tuple(x.shape) for x in jax.tree_util.tree_leaves(state)]
 
 
 def test_nnx_vmap_stack():
