@@ -119,7 +119,7 @@ def test_non_array_leaf_rejected_with_its_path(name):
 def test_finite_extremes_give_finite_updates():
     params = tree()
     for scale in (1e-30, 1e30):
-        g = jax.tree.map(lambda x: x * scale, tree(3))
+        g = jax.tree.map(lambda x, scale=scale: x * scale, tree(3))
         for name, make in OPTIMIZERS.items():
             tx = make()
             u, _ = tx.update(g, tx.init(params), params)

@@ -238,7 +238,7 @@ def test_params_dtype_and_state_stable_across_steps_and_cond(name, dtype):
     ctor, kw = OPTIMIZERS[name]
     tx = ctor(**kw)
     state0 = tx.init(params)
-    spec = lambda t: jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), t)  # noqa: E731
+    spec = lambda t: jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), t)
     p, state = params, state0
     for i in range(2):
         u, state = tx.update(grads_like(params, 40 + i), state, p)
@@ -251,7 +251,7 @@ def test_params_dtype_and_state_stable_across_steps_and_cond(name, dtype):
     def maybe_step(pred, g, s, p):
         return jax.lax.cond(pred, lambda: tx.update(g, s, p), lambda: (jax.tree.map(jnp.zeros_like, g), s))
 
-    u, s = maybe_step(True, grads_like(params, 50), state, p)
+    u, _ = maybe_step(True, grads_like(params, 50), state, p)
     u_eager, _ = tx.update(grads_like(params, 50), state, p)
     assert_trees_close(u, u_eager, rtol=1e-2 if dtype == jnp.bfloat16 else 1e-5)
     _, s_skip = maybe_step(False, grads_like(params, 50), state, p)

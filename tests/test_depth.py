@@ -34,7 +34,7 @@ WD = 0.05
 _kernels_only = so.label_by_geometry(lambda path, g: g.kind != "vector")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _problem():
     kx, ky, kt = jax.random.split(jax.random.key(1), 3)
     x = jax.random.normal(kx, (BATCH, D_IN))
@@ -43,7 +43,7 @@ def _problem():
     return x, y, x_test
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forms():
     explicit = snn.ResidualMLP(WIDTH, K, D_OUT)  # h + alpha f(h)
     absorbed = snn.ResidualMLP(WIDTH, K, D_OUT, absorbed=True)  # h + f(h), dense_1 init * alpha
@@ -281,7 +281,7 @@ def test_update_factors_exact(kind, factor):
 
 def test_masks_regex_callable_tree_and_geometry():
     params = _toy_params()
-    sel = lambda tx: {  # noqa: E731
+    sel = lambda tx: {
         "/".join(k.key for k in path)
         for path, u in jax.tree_util.tree_flatten_with_path(tx.update(params, tx.init(params))[0])[0]
         if float(u.reshape(-1)[0]) != 1.0
@@ -340,7 +340,7 @@ def test_inject_hyperparams_and_schedule():
     branch-out leaves are alpha = 2/4 times spectral_sgd's at the schedule's learning rate."""
     params = _toy_params()
     sched = optax.linear_schedule(0.1, 0.02, 4)
-    make = lambda learning_rate: optax.chain(  # noqa: E731
+    make = lambda learning_rate: optax.chain(
         so.spectral_sgd(learning_rate, momentum=0.5), so.depth_residual_scale(4))
     tx = optax.inject_hyperparams(make)(learning_rate=sched)
     plain = so.spectral_sgd(0.1, momentum=0.5)  # unit check against a constant-LR run, rescaled

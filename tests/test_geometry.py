@@ -201,7 +201,7 @@ def test_unknown_leaf_falls_back_to_elementwise_once_with_a_warning():
     # The kind is also available as an override; a bad override still raises (never a fallback).
     assert geoms(tree, {r"block/w$": "elementwise"})["block/w"] == w
     with pytest.raises(GeometryError, match="block/w"):
-        geoms(tree, {r"block/w$": dict(kind="elementwise", fan_in_axes=(0,))})
+        geoms(tree, {r"block/w$": {"kind": "elementwise", "fan_in_axes": (0,)}})
     with pytest.raises(GeometryError, match="no fan axes"):
         Geometry((3, 4), "elementwise", (0,), ())
 

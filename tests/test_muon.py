@@ -224,7 +224,7 @@ def test_muon_normalize_route_and_output_adamw():
 
 def test_muon_custom_route_and_weight_decay_mask():
     custom = optax.sgd(1.0)
-    mask = lambda p: jax.tree.map(lambda x: False, p)  # noqa: E731
+    mask = lambda p: jax.tree.map(lambda x: False, p)
     tx = so.muon(0.1, embedding=custom, weight_decay=1.0, weight_decay_mask=mask, ns_coefficients=exact_polar)
     params, g = _params(), _grads(7)
     u, _ = tx.update(g, tx.init(params), params)

@@ -31,6 +31,7 @@ import spectral_optax as so
 from spectral_optax import Geometry
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+ALL_DTYPES = tuple(sorted(DTYPES))
 PATTERNS = ("gaussian", "zero", "single", "denormal", "tiny", "huge", "mixed")
 
 # name -> (transform factory, symmetry group: 'signed_perm' or 'orthogonal')
@@ -67,7 +68,7 @@ def values(shape, pattern, seed):
 
 
 @st.composite
-def cases(draw, dtypes=tuple(sorted(DTYPES)), patterns=PATTERNS,
+def cases(draw, dtypes=ALL_DTYPES, patterns=PATTERNS,
           layouts=("matrix", "stacked", "conv", "vector", "tall", "wide")):
     """(array, geometry, dtype name, pattern): a leaf and how it acts as matrices.
 
@@ -128,7 +129,7 @@ NAMES = st.sampled_from(sorted(DUALS))
 
 @given(case=cases(), name=NAMES)
 def test_finite_in_finite_out_same_shape_dtype_and_zero_to_zero(case, name):
-    x, geom, dtype, pattern = case
+    x, geom, _, pattern = case
     y = apply(name, geom, x)
     assert y.shape == x.shape and y.dtype == x.dtype
     assert np.all(np.isfinite(f64(y)))
@@ -145,7 +146,7 @@ def test_finite_in_finite_out_same_shape_dtype_and_zero_to_zero(case, name):
        name=NAMES, c=st.sampled_from([0.25, 0.37, 7.0, 1024.0]))
 def test_scale_invariance_and_sign_equivariance(case, name, c):
     """float32 (in bf16 / f16 ``c G`` is rounded, so ``D(c G) = D(G)`` holds only to the rounding)."""
-    x, geom, dtype, pattern = case
+    x, geom, dtype, _ = case
     xc = x * c
     y = apply(name, geom, x)
     close(apply(name, geom, xc), y, dtype)
@@ -183,7 +184,7 @@ def test_equivariance_under_the_norms_symmetries(case, name, seed):
 
 @given(case=cases(layouts=("stacked",)), name=NAMES)
 def test_stacked_call_equals_loop_over_slices(case, name):
-    x, geom, dtype, pattern = case
+    x, geom, dtype, _ = case
     assume(geom.num_slices > 1)
     y = so.to_matrix(apply(name, geom, x), geom)
     m = so.to_matrix(x, geom)

@@ -19,9 +19,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import optax
-
 import jax.numpy as jnp
+import optax
 
 from spectral_optax._geometry import Geometry, GeometryMap, label_by_geometry, path_str
 

@@ -41,7 +41,7 @@ from spectral_optax._transforms.row_column import (
 )
 from spectral_optax._transforms.weight_decay import decay_then_learning_rate
 
-__all__ = ["moga", "moga_labels", "rescaled_adamw", "MOGA_RULES"]
+__all__ = ["MOGA_RULES", "moga", "moga_labels", "rescaled_adamw"]
 
 #: Per-leaf rules understood by :func:`moga` (values of ``rules=``).
 MOGA_RULES = ("row", "col", "head", "sign", "adam")

@@ -18,15 +18,16 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optax
 
 from spectral_optax._geometry import GeometryLike, as_geometry_map
 from spectral_optax._optimizers.common import train_float_leaves
-from spectral_optax._transforms.weight_decay import decay_then_learning_rate
 from spectral_optax._transforms.parametrization import scale_by_parametrization1
 from spectral_optax._transforms.spectral import scale_by_spectral_norm
+from spectral_optax._transforms.weight_decay import decay_then_learning_rate
 
 ScalarOrSchedule = float | Callable[[Any], Any]
 

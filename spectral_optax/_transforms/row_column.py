@@ -24,7 +24,7 @@ from spectral_optax._duals.row_column import (
 from spectral_optax._geometry import GeometryLike
 from spectral_optax._transforms.dual import dual_map_transform
 
-__all__ = ["scale_by_row_norm", "scale_by_col_norm", "scale_by_sign"]
+__all__ = ["scale_by_col_norm", "scale_by_row_norm", "scale_by_sign"]
 
 
 def scale_by_row_norm(
