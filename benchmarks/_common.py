@@ -117,3 +117,37 @@ def time_update_steps(optimizers: dict, params, grads, reps: int, extra: dict | 
             times[n].append(time.perf_counter() - t0)
         print(f"  round {r + 1}/{reps}: " + ", ".join(f"{n}={times[n][-1]:.3f}s" for n in names), flush=True)
     return {n: float(np.median(v)) for n, v in times.items()}, times, compile_s
+
+
+def on_accelerator() -> bool:
+    """Whether JAX's default backend is a GPU or TPU (budgets are sized by backend)."""
+    import jax
+
+    return jax.default_backend() != "cpu"
+
+
+def lab_numerics(dtype: str = "float32"):
+    """The numerics of a lab benchmark, identical on every backend.
+
+    ``'float32'``: float32 arithmetic everywhere: matmuls at
+    ``Precision.HIGHEST`` (a GPU's default for float32 is TensorFloat-32, a
+    TPU's a single bfloat16 pass) and a float32 Newton-Schulz iteration
+    (GPUs/TPUs default to bfloat16), so a result does not depend on the
+    backend it was measured on. ``'bfloat16'``: bfloat16 layers with float32
+    parameters and a bfloat16 iteration, on every backend (the fast setting on
+    accelerators; emulated, slowly, on a CPU).
+
+    Returns:
+      ``(model compute dtype or None, Newton-Schulz compute dtype, a function
+      returning a fresh context manager to trace and run each sweep in)``.
+    """
+    import contextlib
+
+    import jax
+    import jax.numpy as jnp
+
+    if dtype == "float32":
+        return None, jnp.float32, lambda: jax.default_matmul_precision("highest")
+    if dtype == "bfloat16":
+        return jnp.bfloat16, jnp.bfloat16, contextlib.nullcontext
+    raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")

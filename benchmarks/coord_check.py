@@ -18,7 +18,7 @@ Predicted: muP flat; NTP falls like ``n^-1/2``; SP's output change grows like n.
 
     python -m benchmarks.coord_check [--quick] [--json PATH] [--out DIR]
 
-References: Yang, Simon, Bernstein (2023), the one-step figure; REFERENCE.md 2.
+References: Yang, Simon, Bernstein (2023), the one-step figure; docs/math.md 2.
 """
 
 from __future__ import annotations

@@ -7,8 +7,15 @@ with each optimizer twice: with ``alpha = 2 / K`` (inverse-depth scaling) and
 with ``alpha = 1`` (unscaled). The best LR per depth and its spread in grid
 steps come from ``spectral_optax.lab`` (vmapped sweeps, resumable JSONL).
 
-    python -m benchmarks.depth_transfer [--quick] [--json PATH] [--out DIR]
-        [--data text|digits|cifar10:DIR] [--optimizers adamw,muon,moga1.5,moga2,moga2.5]
+    python -m benchmarks.depth_transfer [--quick | --preset default|quick|gpu] [--json PATH]
+        [--out DIR] [--data text|digits|cifar10:DIR] [--optimizers adamw,muon,moga1.5,moga2,moga2.5]
+        [--dtype float32|bfloat16]
+
+Numerics are the same on every backend (``--dtype float32``, the default:
+float32 matmuls at ``Precision.HIGHEST`` and a float32 Newton-Schulz
+iteration; ``--dtype bfloat16``: bfloat16 layers and iteration, float32
+parameters). ``--preset gpu``: width 128, batch 128, 300 steps, 3 seeds,
+sized for one GPU.
 
 Default task: the lab's byte-level next-byte prediction on the embedded pydoc
 text (context 8). Figures: ``OUT/depth_<optimizer>.png``, the unscaled and
@@ -28,19 +35,22 @@ import numpy as np
 import optax
 
 import spectral_optax as so
+from benchmarks import _common
 from spectral_optax import lab
 from spectral_optax.nn.linen import ResidualMLP
 
-def _optimizers():
+
+def _optimizers(ns_dtype=None):
     """name -> (factory lr -> GradientTransformation, LR-grid center), most important first.
 
     Defaults of each optimizer (no weight decay); MOGA's row rule gives the
     same entry size for every p at this width, so one grid center serves all.
+    ``ns_dtype``: Muon's Newton-Schulz compute dtype.
     """
-    moga = lambda p: lambda lr: so.moga(lr, p=p)  # noqa: E731
+    moga = lambda p: lambda lr: so.moga(lr, p=p)
     opts = {}
     if hasattr(so, "muon"):
-        opts["muon"] = (lambda lr: so.muon(lr), 4e-2)
+        opts["muon"] = (lambda lr: so.muon(lr, compute_dtype=ns_dtype), 4e-2)
     if hasattr(so, "moga"):
         opts["moga2"] = (moga(2.0), 4e-3)
     opts["adamw"] = (lambda lr: optax.adamw(lr, weight_decay=0.0), 4e-3)
@@ -52,19 +62,24 @@ def _optimizers():
 
 PRESETS = {
     # depths, LR-grid points, steps, batch, width
-    "default": dict(depths=(2, 4, 8, 16, 32, 64), num_lrs=10, steps=200, batch_size=64, width=64),
-    "quick": dict(depths=(2, 8, 32), num_lrs=6, steps=100, batch_size=64, width=64),
+    "default": {"depths": (2, 4, 8, 16, 32, 64), "num_lrs": 10, "steps": 200, "batch_size": 64, "width": 64},
+    "quick": {"depths": (2, 8, 32), "num_lrs": 6, "steps": 100, "batch_size": 64, "width": 64},
+    "gpu": {"depths": (2, 4, 8, 16, 32, 64), "num_lrs": 10, "steps": 300, "batch_size": 128, "width": 128, "seeds": 3},
 }
 
 
-def family(data, width: int, scaled: bool):
+def family(data, width: int, scaled: bool, dtype=None):
     example_x, _ = data.numpy_batch("train", [0])
     vocab = 256 if data.kind == "bytes" else None
 
     def make(depth: int):
         module = ResidualMLP(
-            features=width, num_blocks=depth, out_features=data.num_outputs,
-            alpha=None if scaled else 1.0, vocab_size=vocab,
+            features=width,
+            num_blocks=depth,
+            out_features=data.num_outputs,
+            alpha=None if scaled else 1.0,
+            vocab_size=vocab,
+            dtype=dtype,
         )
         return lab.Model.from_linen(module, example_x, "xent")
 
@@ -77,60 +92,71 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="write the results as JSON to this path")
     p.add_argument("--out", default="out", help="directory for figures and the results JSONL")
     p.add_argument("--data", default="text", help="lab data spec: text | digits | cifar10:DIR")
-    p.add_argument("--optimizers", default=None,
-                   help="comma-separated subset of adamw,muon,moga1.5,moga2,moga2.5")
+    p.add_argument("--optimizers", default=None, help="comma-separated subset of adamw,muon,moga1.5,moga2,moga2.5")
     p.add_argument("--depths", default=None, help="comma-separated depths (overrides the preset)")
     p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--seeds", type=int, default=None, help="seeds (default: 1; 3 in the gpu preset)")
+    p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="numerics of the models and of Muon's iteration, the same on every backend",
+    )
     args = p.parse_args(argv)
 
-    cfg = dict(PRESETS["quick" if args.quick else "default"])
+    preset = args.preset or ("quick" if args.quick else "default")
+    cfg = dict(PRESETS[preset])
+    preset_seeds = cfg.pop("seeds", 1)
+    seeds = args.seeds or preset_seeds
     if args.depths:
         cfg["depths"] = tuple(int(d) for d in args.depths.split(","))
     if args.steps:
         cfg["steps"] = args.steps
-    opts = _optimizers()
+    model_dtype, ns_dtype, numerics = _common.lab_numerics(args.dtype)
+    opts = _optimizers(ns_dtype)
     if args.optimizers:
         wanted = args.optimizers.split(",")
         missing = [w for w in wanted if w not in opts]
         if missing:
             raise SystemExit(f"unknown or unavailable optimizers {missing}; have {list(opts)}")
         opts = {k: opts[k] for k in wanted}
-    elif args.quick:
+    elif preset == "quick":
         opts = {k: v for k, v in opts.items() if k in ("muon", "moga2")}
 
     data = lab.load(args.data, context=8)
     os.makedirs(args.out, exist_ok=True)
-    preset = "quick" if args.quick else "default"
-    results_path = os.path.join(args.out, f"depth_transfer_{preset}.jsonl")
+    suffix = "_bf16" if args.dtype == "bfloat16" else ""
+    results_path = os.path.join(args.out, f"depth_transfer_{preset}{suffix}.jsonl")
     t0 = time.time()
     results, summary = {}, {}
     for name, (factory, center) in opts.items():
         grid = lab.lr_grid(center, cfg["num_lrs"])
         for form in ("unscaled", "scaled"):
             key = f"{name}/{form}"
-            res = lab.sweep(
-                family(data, cfg["width"], scaled=form == "scaled"),
-                factory,
-                sizes=cfg["depths"],
-                lrs=grid,
-                data=data,
-                steps=cfg["steps"],
-                batch_size=cfg["batch_size"],
-                seeds=list(range(args.seeds)),
-                results=results_path,
-                name=key,
-                size_name="depth",
-                progress=False,
-            )
+            with numerics():  # traced and run at the chosen precision
+                res = _sweep(
+                    family(data, cfg["width"], scaled=form == "scaled", dtype=model_dtype),
+                    factory,
+                    cfg,
+                    grid,
+                    data,
+                    seeds,
+                    results_path,
+                    key,
+                )
             results[key] = res
             s = res.summary()
             summary[key] = s
             best = ", ".join(f"K={k}: {v:.3g}" for k, v in s["best_lr"].items())
-            print(f"[{time.time() - t0:6.0f}s] {key:18s} spread {s['spread_steps']:.2f} steps; "
-                  f"best LR {best}; at edge {s['at_edge']}; diverged {s['diverged']}", flush=True)
-        _figure(name, results[f"{name}/unscaled"], results[f"{name}/scaled"],
-                os.path.join(args.out, f"depth_{name}.png"))
+            print(
+                f"[{time.time() - t0:6.0f}s] {key:18s} spread {s['spread_steps']:.2f} steps; "
+                f"best LR {best}; at edge {s['at_edge']}; diverged {s['diverged']}",
+                flush=True,
+            )
+        _figure(
+            name, results[f"{name}/unscaled"], results[f"{name}/scaled"], os.path.join(args.out, f"depth_{name}.png")
+        )
 
     _best_lr_figure(summary, os.path.join(args.out, "depth_best_lr.png"))
     table = _table(summary, cfg["depths"])
@@ -138,13 +164,21 @@ def main(argv=None):
     payload = {
         "benchmark": "depth_transfer",
         "preset": preset,
-        "config": dict(cfg, data=data.name, optimizers=list(opts), seeds=args.seeds,
-                       lr_centers={k: v[1] for k, v in opts.items()}, base_blocks=2),
+        "config": dict(
+            cfg,
+            data=data.name,
+            optimizers=list(opts),
+            seeds=seeds,
+            dtype=args.dtype,
+            lr_centers={k: v[1] for k, v in opts.items()},
+            base_blocks=2,
+        ),
         "runs": [r for res in results.values() for r in res.runs],
         "summary": summary,
         "table": table,
         "wall_s": time.time() - t0,
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "environment": _common.environment(),
     }
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -154,6 +188,23 @@ def main(argv=None):
     return payload
 
 
+def _sweep(make, factory, cfg, grid, data, seeds, results_path, key):
+    return lab.sweep(
+        make,
+        factory,
+        sizes=cfg["depths"],
+        lrs=grid,
+        data=data,
+        steps=cfg["steps"],
+        batch_size=cfg["batch_size"],
+        seeds=list(range(seeds)),
+        results=results_path,
+        name=key,
+        size_name="depth",
+        progress=False,
+    )
+
+
 def _figure(name, unscaled, scaled, path):
     import matplotlib
 
@@ -161,18 +212,20 @@ def _figure(name, unscaled, scaled, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2), sharey=True)
-    for ax, res, label in ((axes[0], unscaled, "unscaled: h + f(h)"),
-                           (axes[1], scaled, "scaled: h + (2/K) f(h)")):
+    for ax, res, label in ((axes[0], unscaled, "unscaled: h + f(h)"), (axes[1], scaled, "scaled: h + (2/K) f(h)")):
         s = res.summary()
         lab.plot_sweep(res, ax=ax, title=f"{name}, {label}\nspread {s['spread_steps']:.2f} steps")
     # A common y-range that shows the optima (diverged / huge losses are clipped).
-    finite = [r["train_loss"] for res in (unscaled, scaled) for r in res.runs
-              if r.get("train_loss") is not None and np.isfinite(r["train_loss"])]
+    finite = [
+        r["train_loss"]
+        for res in (unscaled, scaled)
+        for r in res.runs
+        if r.get("train_loss") is not None and np.isfinite(r["train_loss"])
+    ]
     if finite:
         lo = min(finite)
         # Show every depth's optimum (the unscaled deep ones sit high), clip the divergence.
-        best = [v for res in (unscaled, scaled) for v in res.summary()["loss_at_best"].values()
-                if np.isfinite(v)]
+        best = [v for res in (unscaled, scaled) for v in res.summary()["loss_at_best"].values() if np.isfinite(v)]
         hi = max(lo + 1.5, min(max(best) + 0.4, lo + 6.0))
         axes[0].set_ylim(lo - 0.05 * abs(lo), hi)
     fig.tight_layout()
@@ -198,14 +251,12 @@ def _best_lr_figure(summary, path):
                 continue
             ks = sorted(s["best_lr"])
             lrs = [s["best_lr"][k] for k in ks]
-            ax.plot(ks, lrs, style, marker="o", ms=3, color=colors(i),
-                    label=f"{name} {form} ({s['spread_steps']:.1f})")
+            ax.plot(ks, lrs, style, marker="o", ms=3, color=colors(i), label=f"{name} {form} ({s['spread_steps']:.1f})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xlabel("depth K (blocks)")
     ax.set_ylabel("best learning rate")
-    ax.set_title("best LR vs depth: alpha = 2/K (solid) vs 1 (dashed)\n(legend: spread in grid steps)",
-                 fontsize=9)
+    ax.set_title("best LR vs depth: alpha = 2/K (solid) vs 1 (dashed)\n(legend: spread in grid steps)", fontsize=9)
     ax.grid(alpha=0.3, which="both", lw=0.4)
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()

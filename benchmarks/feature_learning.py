@@ -17,7 +17,7 @@ NTP slope -1/2; Frobenius change slope -1/2 (muP) and -1 (NTP).
 
     python -m benchmarks.feature_learning [--quick] [--wide] [--steps N] [--json PATH] [--out DIR]
 
-References: Yang, Simon, Bernstein (2023), section 6; REFERENCE.md section 2.
+References: Yang, Simon, Bernstein (2023), section 6; docs/math.md section 2.
 """
 
 from __future__ import annotations

@@ -1,6 +1,21 @@
 """Optimizer step speed: optax.adamw, optax.contrib.muon and spectral_optax.muon (and moga).
 
-    python -m benchmarks.optimizer_speed [--quick] [--json PATH] [--reps N]
+    python -m benchmarks.optimizer_speed [--quick] [--json PATH] [--reps N] [--preset cpu|gpu]
+
+``--preset gpu`` (for one accelerator; with ``--quick`` at a reduced size,
+e.g. to check it on a CPU): the GPT-style trees d=768 x 12 blocks (GPT-2
+small) and d=2048 x 16 blocks; median of >= 20 interleaved rounds after
+warm-up of ``optax.adamw``, ``optax.contrib.muon``, ``spectral_optax.muon``
+with a bfloat16 and with a float32 iteration, ``moga(p=2)``, the bfloat16
+orthogonalization alone, and a large bfloat16 matmul (8192^3) whose rate is
+the ceiling; the orthogonalization's rate counts the standard 5-step
+iteration's flops. Singular-value quality of every orthogonal factor
+(quintic and Polar Express, bfloat16 and float32 iteration, and
+optax.contrib.muon's) against a float64 SVD of the same gradients, and the
+issue's targets with a ``met`` flag (they are GPU targets: a CPU run only
+shows that the preset works).
+
+The default (CPU) preset:
 
 For two trees of hidden kernels (GPT-2 small: d=768, 12 blocks of qkv
 768x2304, proj 768x768, fc 768x3072, fc2 3072x768; and an 8-block d=512
@@ -27,7 +42,7 @@ Only ratios measured in the same process are meaningful on a shared machine.
 
 from __future__ import annotations
 
-
+import inspect
 import math
 
 import jax
@@ -36,12 +51,39 @@ import numpy as np
 import optax
 
 import spectral_optax as so
-from benchmarks._common import environment, hidden_kernel_tree, parser, time_update_steps, write_json
-
 import spectral_optax._duals.polar as _ns  # flop model
+from benchmarks._common import (
+    environment,
+    hidden_kernel_tree,
+    parser,
+    time_update_steps,
+    write_json,
+)
 
 LR = 1e-3
 STEPS = 5
+
+
+def orthogonalizer(**kw):
+    """``so.orthogonalize_via_newton_schulz`` with Newton-Schulz options given
+    as ``ns_coefficients=``, ``ns_steps=``, ``ns_method=`` (older releases call
+    them ``coefficients=``, ``steps=``, ``method=``)."""
+    names = inspect.signature(so.orthogonalize_via_newton_schulz).parameters
+    if "ns_steps" not in names:
+        kw = {k.removeprefix("ns_"): v for k, v in kw.items()}
+    return so.orthogonalize_via_newton_schulz(**kw)
+
+
+def gpu_optimizers():
+    """The accelerator preset's optimizers: both Muons at 5 quintic steps."""
+    muon = lambda dtype: so.muon(LR, scale="muon", ns_coefficients="quintic", ns_steps=STEPS, compute_dtype=dtype)
+    return {
+        "optax.adamw": optax.adamw(LR),
+        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
+        "spectral_optax.muon[bf16]": muon(jnp.bfloat16),
+        "spectral_optax.muon[f32]": muon(jnp.float32),
+        "spectral_optax.moga(p=2)": so.moga(LR, p=2.0),
+    }
 
 
 def optimizers():
@@ -70,21 +112,42 @@ def orthogonalization_flops(tree):
     return actual, equivalent
 
 
-def orthogonality(params, grads):
-    """max |sigma - 1| of the orthogonal factors for block 0's four matrices."""
+def _default_quality_configs():
+    muon = lambda coef, steps: so.muon(LR, scale="muon", ns_coefficients=coef, ns_steps=steps)
+    return {
+        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
+        "spectral_optax.muon": muon("quintic", STEPS),
+        "spectral_optax.muon[polar_express, 5 steps]": muon("polar_express", 5),
+        "spectral_optax.muon[polar_express, 8 steps]": muon("polar_express", 8),
+    }
+
+
+def _gpu_quality_configs():
+    muon = lambda coef, steps, dtype: so.muon(
+        LR, scale="muon", ns_coefficients=coef, ns_steps=steps, compute_dtype=dtype
+    )
+    return {
+        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
+        "spectral_optax.muon[quintic, bf16]": muon("quintic", STEPS, jnp.bfloat16),
+        "spectral_optax.muon[quintic, f32]": muon("quintic", STEPS, jnp.float32),
+        "spectral_optax.muon[polar_express 8, bf16]": muon("polar_express", 8, jnp.bfloat16),
+        "spectral_optax.muon[polar_express 8, f32]": muon("polar_express", 8, jnp.float32),
+    }
+
+
+def orthogonality(params, grads, configs=None):
+    """Singular values of the orthogonal factors for block 0's four matrices (float64 SVD).
+
+    ``configs``: name -> Muon-like transformation with the ``sqrt(max(1,
+    d_out / d_in))`` scale (default: both Muons, Polar Express 5 and 8 steps).
+    """
     block = {"block_0": grads["block_0"]}
     pblock = {"block_0": params["block_0"]}
     bases = {
-        k: np.linalg.svd(np.asarray(v["kernel"], np.float64), full_matrices=False)
-        for k, v in grads["block_0"].items()
+        k: np.linalg.svd(np.asarray(v["kernel"], np.float64), full_matrices=False) for k, v in grads["block_0"].items()
     }
     out = {}
-    for name, tx in (
-        ("optax.contrib.muon", optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS)),
-        ("spectral_optax.muon", so.muon(LR, scale="muon", ns_steps=STEPS)),
-        ("spectral_optax.muon[polar_express, 5 steps]", so.muon(LR, scale="muon", ns_coefficients="polar_express", ns_steps=5)),
-        ("spectral_optax.muon[polar_express, 8 steps]", so.muon(LR, scale="muon", ns_coefficients="polar_express", ns_steps=8)),
-    ):
+    for name, tx in (configs or _default_quality_configs()).items():
         u, _ = jax.jit(tx.update)(block, tx.init(pblock), pblock)
         per_leaf = {}
         for leaf_name, leaf in u["block_0"].items():
@@ -97,17 +160,22 @@ def orthogonality(params, grads):
             # 1e-2 of the largest (tiny directions cannot be resolved by any
             # 5-step quintic; random square matrices have some).
             gu, gs, gvt = bases[leaf_name]
-            d = np.einsum("ij,ik,kj->j", gu, factor, gvt.T)
+            d = np.sum(gu * (factor @ gvt.T), axis=0)
             keep = gs >= 1e-2 * gs[0]
             per_leaf[leaf_name] = {
+                "shape": [d_in, d_out],
                 "min": float(s.min()),
                 "max": float(s.max()),
                 "max_abs_dev": float(np.max(np.abs(s - 1))),
+                "min_above_1e-2": float(d[keep].min()),
+                "max_above_1e-2": float(d[keep].max()),
                 "max_abs_dev_above_1e-2": float(np.max(np.abs(d[keep] - 1))),
             }
         out[name] = {
             "max_abs_sigma_minus_1": max(v["max_abs_dev"] for v in per_leaf.values()),
             "max_abs_sigma_minus_1_above_1e-2": max(v["max_abs_dev_above_1e-2"] for v in per_leaf.values()),
+            "min_above_1e-2": min(v["min_above_1e-2"] for v in per_leaf.values()),
+            "max_above_1e-2": max(v["max_above_1e-2"] for v in per_leaf.values()),
             "per_leaf": per_leaf,
         }
     return out
@@ -141,7 +209,7 @@ def quality_table(size=256):
     rows = []
     for label, coef, steps, dtype in configs:
         lo, hi, resid = np.inf, -np.inf, 0.0
-        for (sh, c), g in mats.items():
+        for g in mats.values():
             y = so.newton_schulz(jnp.asarray(g, dtype), coef, steps=steps, compute_dtype=dtype)
             y = np.asarray(y.astype(jnp.float32), np.float64)
             u, s, vt = np.linalg.svd(g, full_matrices=False)
@@ -150,11 +218,23 @@ def quality_table(size=256):
             d = np.diag(proj)[:k]
             lo, hi = min(lo, d.min()), max(hi, d.max())
             resid = max(resid, np.linalg.norm(proj[:k, :k] - np.diag(d), ord=2))
-        rows.append({"schedule": label, "dtype": dtype, "min": lo, "max": hi, "max_abs_dev": max(1 - lo, hi - 1), "resid": resid})
+        rows.append(
+            {
+                "schedule": label,
+                "dtype": dtype,
+                "min": lo,
+                "max": hi,
+                "max_abs_dev": max(1 - lo, hi - 1),
+                "resid": resid,
+            }
+        )
     print(f"\n== orthogonality (sizes {list(shapes.values())}, cond 1/1e2/1e4, sigma >= 1e-2 max) ==")
     print(f"  {'schedule':<24} {'dtype':<9} {'min':>7} {'max':>7} {'max|d-1|':>9} {'resid':>7}")
     for r in rows:
-        print(f"  {r['schedule']:<24} {r['dtype']:<9} {r['min']:>7.4f} {r['max']:>7.4f} {r['max_abs_dev']:>9.4f} {r['resid']:>7.4f}")
+        print(
+            f"  {r['schedule']:<24} {r['dtype']:<9} {r['min']:>7.4f} {r['max']:>7.4f} "
+            f"{r['max_abs_dev']:>9.4f} {r['resid']:>7.4f}"
+        )
     return rows
 
 
@@ -203,7 +283,9 @@ def run_tree(label, d, blocks, reps):
     }
     print(f"  {'optimizer':<34} {'median step (s)':>15} {'/ contrib.muon':>14} {'/ adamw':>8}")
     for n in names:
-        print(f"  {n:<34} {med[n]:>15.4f} {result['ratio_to_contrib_muon'][n]:>14.3f} {result['ratio_to_adamw'][n]:>8.2f}")
+        print(
+            f"  {n:<34} {med[n]:>15.4f} {result['ratio_to_contrib_muon'][n]:>14.3f} {result['ratio_to_adamw'][n]:>8.2f}"
+        )
     print(
         f"  orthogonalization: {throughput['achieved_gflops']:.1f} GFLOP/s achieved "
         f"({throughput['standard_equivalent_gflops']:.1f} standard-equivalent), plain 2048^3 matmul "
@@ -217,10 +299,167 @@ def run_tree(label, d, blocks, reps):
     return result
 
 
+def run_gpu_tree(label, d, blocks, reps, matmul_n):
+    """The accelerator preset on one tree: step times, orthogonalization rate
+    against a bfloat16 matmul in the same rounds, and factor quality."""
+    print(f"\n== {label}: d={d}, {blocks} blocks (preset gpu) ==", flush=True)
+    shapes = hidden_kernel_tree(d, blocks)
+    params = hidden_kernel_tree(d, blocks, 0)
+    grads = hidden_kernel_tree(d, blocks, 1)
+    ortho = orthogonalizer(scale="muon", ns_coefficients="quintic", ns_steps=STEPS, compute_dtype=jnp.bfloat16)
+    ortho_fn = jax.jit(lambda g: ortho.update(g, ortho.init(g))[0])
+    a = jax.random.normal(jax.random.key(2), (matmul_n, matmul_n), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(3), (matmul_n, matmul_n), jnp.bfloat16)
+    matmul = jax.jit(jnp.matmul)
+    extra = {"orthogonalization[bf16]": lambda: ortho_fn(grads), f"matmul_bf16_{matmul_n}": lambda: matmul(a, b)}
+    med, times, compile_s = time_update_steps(gpu_optimizers(), params, grads, reps, extra)
+    ortho_t, matmul_t = (times.pop(k) for k in extra)
+    for k in extra:
+        del med[k]
+    actual = sum(
+        _ns.newton_schulz_flops(*x.shape, STEPS, _ns.newton_schulz_method(*x.shape, STEPS, jnp.bfloat16))
+        for x in jax.tree.leaves(shapes)
+    )
+    equivalent = orthogonalization_flops(shapes)[1]
+    ortho_med, matmul_med = float(np.median(ortho_t)), float(np.median(matmul_t))
+    ceiling = 2 * matmul_n**3 / matmul_med / 1e12
+    rate = equivalent / ortho_med / 1e12
+    names = list(med)
+    result = {
+        "d": d,
+        "blocks": blocks,
+        "num_params": int(sum(x.size for x in jax.tree.leaves(params))),
+        "reps": reps,
+        "median_step_s": med,
+        "all_step_s": times,
+        "compile_s": compile_s,
+        "ratio_to_contrib_muon": {n: med[n] / med["optax.contrib.muon"] for n in names},
+        "ratio_to_adamw": {n: med[n] / med["optax.adamw"] for n in names},
+        "throughput": {
+            "orthogonalization_bf16_s": ortho_med,
+            "orthogonalization_bf16_all_s": ortho_t,
+            "orthogonalization_flops": actual,
+            "standard_equivalent_flops": equivalent,
+            "standard_equivalent_tflops": rate,
+            "matmul_n": matmul_n,
+            "matmul_bf16_s": matmul_med,
+            "matmul_bf16_tflops": ceiling,
+            "fraction_of_matmul": rate / ceiling,
+        },
+        "orthogonality": orthogonality(params, grads, _gpu_quality_configs()),
+    }
+    print(f"  {'optimizer':<30} {'median step (ms)':>16} {'/ contrib.muon':>14} {'/ adamw':>8}")
+    for n in names:
+        print(
+            f"  {n:<30} {1e3 * med[n]:>16.3f} {result['ratio_to_contrib_muon'][n]:>14.3f} "
+            f"{result['ratio_to_adamw'][n]:>8.2f}"
+        )
+    print(
+        f"  orthogonalization alone (bf16): {1e3 * ortho_med:.3f} ms = {rate:.3f} TFLOP/s standard-equivalent; "
+        f"bf16 {matmul_n}^3 matmul {ceiling:.3f} TFLOP/s -> {100 * rate / ceiling:.0f}%"
+    )
+    for n, o in result["orthogonality"].items():
+        print(
+            f"  factor singular values {n}: [{o['min_above_1e-2']:.4f}, {o['max_above_1e-2']:.4f}] "
+            f"(gradient sigma >= 1e-2 max), all [{min(v['min'] for v in o['per_leaf'].values()):.4f}, "
+            f"{max(v['max'] for v in o['per_leaf'].values()):.4f}]"
+        )
+    return result
+
+
+#: Targets of issue 13 (item 4), for the accelerator preset.
+GPU_TARGETS = {
+    "orthogonalization_fraction_of_bf16_matmul": 0.75,
+    "muon_over_contrib_muon": 0.3,
+    "muon_over_adamw_gpt2_small": 1.7,
+    "quintic_range": (0.6, 1.25),
+    "polar_express_max_abs_dev": 0.02,
+}
+
+
+def gpu_targets(trees):
+    """Each target of the accelerator preset with its measured value and a ``met`` flag."""
+    out = {}
+    ours = "spectral_optax.muon[bf16]"
+    lo, hi = GPU_TARGETS["quintic_range"]
+    for label, res in trees.items():
+        quality = res["orthogonality"]
+        t = {
+            "orthogonalization_fraction_of_bf16_matmul": res["throughput"]["fraction_of_matmul"],
+            "muon_over_contrib_muon": res["ratio_to_contrib_muon"][ours],
+            "muon_over_adamw": res["ratio_to_adamw"][ours],
+            # The issue's quintic target is on the d x 4d gradient (fc): random square
+            # gradients have singular values down to ~0 above 1e-2 of the largest that
+            # no 5-step quintic lifts to 0.6 (optax.contrib.muon alike), so the range
+            # over all four matrices is reported beside it.
+            "quintic_bf16_range_fc": [
+                quality["spectral_optax.muon[quintic, bf16]"]["per_leaf"]["fc"][k]
+                for k in ("min_above_1e-2", "max_above_1e-2")
+            ],
+            "quintic_bf16_range_all": [
+                quality["spectral_optax.muon[quintic, bf16]"][k] for k in ("min_above_1e-2", "max_above_1e-2")
+            ],
+            "polar_express_bf16_max_abs_dev": quality["spectral_optax.muon[polar_express 8, bf16]"][
+                "max_abs_sigma_minus_1_above_1e-2"
+            ],
+        }
+        t["met"] = {
+            "orthogonalization_fraction": t["orthogonalization_fraction_of_bf16_matmul"]
+            >= GPU_TARGETS["orthogonalization_fraction_of_bf16_matmul"],
+            "muon_over_contrib_muon": t["muon_over_contrib_muon"] <= GPU_TARGETS["muon_over_contrib_muon"],
+            "quintic_range_fc": lo <= t["quintic_bf16_range_fc"][0] and t["quintic_bf16_range_fc"][1] <= hi,
+            "polar_express": t["polar_express_bf16_max_abs_dev"] <= GPU_TARGETS["polar_express_max_abs_dev"],
+        }
+        if label.startswith("gpt2_small"):
+            t["met"]["muon_over_adamw"] = t["muon_over_adamw"] <= GPU_TARGETS["muon_over_adamw_gpt2_small"]
+        out[label] = t
+    return out
+
+
+def main_gpu(args):
+    reps = max(20, args.reps or 30)
+    if args.quick:  # the same preset at a reduced size (a check of the preset on a CPU)
+        trees, matmul_n, size = [("gpt2_small/4", 192, 3), ("d2048x16/4", 512, 4)], 1024, 128
+    else:
+        trees, matmul_n, size = [("gpt2_small", 768, 12), ("d2048x16", 2048, 16)], 8192, 256
+    env = environment()
+    payload = {
+        "command": "python -m benchmarks.optimizer_speed --preset gpu" + (" --quick" if args.quick else ""),
+        "preset": "gpu",
+        "quick": bool(args.quick),
+        "environment": env,
+        "ns_steps": STEPS,
+        "ns_coefficients": list(so.MUON_QUINTIC),
+        "targets_reference": GPU_TARGETS,
+        "trees": {},
+    }
+    if env["backend"] == "cpu":
+        print("NOTE: running the GPU preset on a CPU; its numbers are CPU numbers and the targets are GPU targets.")
+    payload["quality"] = quality_table(size)
+    for label, d, blocks in trees:
+        payload["trees"][label] = run_gpu_tree(label, d, blocks, reps, matmul_n)
+    payload["targets"] = gpu_targets(payload["trees"])
+    print("\ntargets (issue 13, item 4):")
+    for label, t in payload["targets"].items():
+        print(f"  {label}: {t}")
+    write_json(args.json, payload)
+    return payload
+
+
 def main(argv=None):
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=None, help="timed rounds (default 7; 3 with --quick)")
+    p.add_argument(
+        "--reps", type=int, default=None, help="timed rounds (default 7, 3 with --quick; preset gpu: 30, at least 20)"
+    )
+    p.add_argument(
+        "--preset",
+        default="cpu",
+        choices=("cpu", "gpu"),
+        help="cpu (default): the 2-core presets; gpu: GPT-style trees sized for one accelerator",
+    )
     args = p.parse_args(argv)
+    if args.preset == "gpu":
+        return main_gpu(args)
     reps = args.reps or (3 if args.quick else 7)
     if args.quick:
         trees = [("small (quick)", 256, 4), ("tiny (quick)", 128, 4)]
@@ -245,8 +484,12 @@ def main(argv=None):
             "matmul_fraction_target": 0.8,
             "orthogonality_ours": res["orthogonality"]["spectral_optax.muon"]["max_abs_sigma_minus_1"],
             "orthogonality_contrib": res["orthogonality"]["optax.contrib.muon"]["max_abs_sigma_minus_1"],
-            "orthogonality_ours_above_1e-2": res["orthogonality"]["spectral_optax.muon"]["max_abs_sigma_minus_1_above_1e-2"],
-            "orthogonality_contrib_above_1e-2": res["orthogonality"]["optax.contrib.muon"]["max_abs_sigma_minus_1_above_1e-2"],
+            "orthogonality_ours_above_1e-2": res["orthogonality"]["spectral_optax.muon"][
+                "max_abs_sigma_minus_1_above_1e-2"
+            ],
+            "orthogonality_contrib_above_1e-2": res["orthogonality"]["optax.contrib.muon"][
+                "max_abs_sigma_minus_1_above_1e-2"
+            ],
         }
         moga = {n: r for n, r in res["ratio_to_adamw"].items() if "moga" in n}
         if moga:

@@ -16,12 +16,20 @@ loss at the best LR (the best LR is only meaningful while that loss stays
 clearly above its floor). Runs are appended to ``OUT/width_transfer.jsonl``:
 an interrupted run resumes where it stopped.
 
-    python -m benchmarks.width_transfer [--quick] [--json PATH] [--out DIR]
-        [--data text|digits|cifar10:DIR] [--model mlp|resmlp] [--optimizers a,b]
+    python -m benchmarks.width_transfer [--quick | --preset default|quick|gpu] [--json PATH]
+        [--out DIR] [--data text|digits|cifar10:DIR] [--model mlp|resmlp] [--optimizers a,b]
         [--widths 64,128,...] [--steps N] [--seeds K] [--muon-max-width N]
+        [--dtype float32|bfloat16]
+
+Numerics are the same on every backend (``--dtype float32``, the default:
+float32 matmuls at ``Precision.HIGHEST`` and a float32 Newton-Schulz
+iteration; ``--dtype bfloat16``: bfloat16 layers and iteration with float32
+parameters). Budgets are by backend: on a CPU Muon stops at width 256
+(quick) / 512 (default) unless ``--muon-max-width`` says otherwise; on a GPU
+or TPU nothing is skipped. ``--preset gpu``: the default widths with 3 seeds.
 
 References: Yang, Simon, Bernstein (2023); Yang et al. (2021), muP;
-REFERENCE.md section 2.
+docs/math.md section 2.
 """
 
 from __future__ import annotations
@@ -38,7 +46,29 @@ from spectral_optax import lab
 BASE_WIDTH = 64
 
 
-def optimizer_specs(family_for, base_width=BASE_WIDTH):
+PRESETS = {
+    # widths, LR-grid points, steps, seeds; Muon's widest model on a CPU
+    "quick": {"widths": [64, 128, 256, 512], "num_lrs": 8, "steps": 150, "seeds": 1, "cpu_muon_max": 256},
+    "default": {
+        "widths": [64, 128, 256, 512, 1024, 2048],
+        "num_lrs": 10,
+        "steps": 300,
+        "seeds": 1,
+        "cpu_muon_max": 512,
+    },
+    "gpu": {"widths": [64, 128, 256, 512, 1024, 2048], "num_lrs": 10, "steps": 300, "seeds": 3, "cpu_muon_max": 512},
+}
+
+
+def settings(preset: str, accelerator: bool, muon_max_width: int | None = None) -> dict:
+    """The preset's sizes, with Muon's width budget by backend (``None``: no limit)."""
+    cfg = dict(PRESETS[preset])
+    cpu_max = cfg.pop("cpu_muon_max")
+    cfg["muon_max_width"] = muon_max_width or (None if accelerator else cpu_max)
+    return cfg
+
+
+def optimizer_specs(family_for, base_width=BASE_WIDTH, ns_dtype=None):
     """name -> (init parametrization, LR grid center, factory(lr, width))."""
     base = family_for("spectral")(base_width).shapes()
     specs = {
@@ -46,7 +76,7 @@ def optimizer_specs(family_for, base_width=BASE_WIDTH):
         "mup_adamw": ("spectral", 0.015, lambda lr, n: so.mup_adamw(lr, base=base)),
     }
     if hasattr(so, "muon"):
-        specs["muon"] = ("spectral", 0.03, lambda lr, n: so.muon(lr))
+        specs["muon"] = ("spectral", 0.03, lambda lr, n: so.muon(lr, compute_dtype=ns_dtype))
     if hasattr(so, "moga"):
         specs["moga"] = ("spectral", 0.01, lambda lr, n: so.moga(lr))
     specs["adamw_sp"] = ("standard", 6e-3, lambda lr, n: optax.adamw(lr, weight_decay=1e-4))
@@ -64,29 +94,51 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--context", type=int, default=8)
-    p.add_argument("--muon-max-width", type=int, default=None,
-                   help="widest Muon model (Newton-Schulz is O(n^3) per step on a CPU)")
+    p.add_argument(
+        "--muon-max-width",
+        type=int,
+        default=None,
+        help="widest Muon model (default: 256 quick / 512 on a CPU, where Newton-Schulz is "
+        "O(n^3) per step; no limit on a GPU/TPU)",
+    )
+    p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="numerics of the models and of Muon's iteration, the same on every backend",
+    )
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
 
-    quick = args.quick
-    widths = ([int(w) for w in args.widths.split(",")] if args.widths
-              else [64, 128, 256, 512] if quick else [64, 128, 256, 512, 1024, 2048])
-    num_lrs = args.num_lrs or (8 if quick else 10)
-    steps = args.steps or (150 if quick else 300)
+    preset = args.preset or ("quick" if args.quick else "default")
+    quick = preset == "quick"
+    accelerator = _common.on_accelerator()
+    cfg = settings(preset, accelerator, args.muon_max_width)
+    widths = [int(w) for w in args.widths.split(",")] if args.widths else cfg["widths"]
+    num_lrs = args.num_lrs or cfg["num_lrs"]
+    steps = args.steps or cfg["steps"]
     batch_size = args.batch_size or 32
-    seeds = list(range(args.seeds or 1))
-    muon_max = args.muon_max_width or (256 if quick else 512)
+    seeds = list(range(args.seeds or cfg["seeds"]))
+    muon_max = cfg["muon_max_width"]
+    model_dtype, ns_dtype, numerics = _common.lab_numerics(args.dtype)
 
     data = lab.load(args.data, context=args.context, flatten=True)
     residual = args.model == "resmlp"
     depth = 2 if residual else 1
 
     def family_for(init):
-        return lab.mlp_family(data, vary="width", depth=depth, residual=residual,
-                              alpha=0.5 if residual else None, init=init)
+        return lab.mlp_family(
+            data,
+            vary="width",
+            depth=depth,
+            residual=residual,
+            alpha=0.5 if residual else None,
+            init=init,
+            compute_dtype=model_dtype,
+        )
 
-    specs = optimizer_specs(family_for)
+    specs = optimizer_specs(family_for, ns_dtype=ns_dtype)
     if args.optimizers:
         wanted = args.optimizers.split(",")
         unknown = [w for w in wanted if w not in specs]
@@ -94,30 +146,52 @@ def main(argv=None):
             raise SystemExit(f"unknown or unavailable optimizers {unknown}; have {list(specs)}")
         specs = {k: v for k, v in specs.items() if k in wanted}
     results_path = os.path.join(args.out, "width_transfer.jsonl")
-    tag = f"{args.model}/ctx{args.context}" + ("/quick" if quick else "")
-    print(f"width transfer: data={data.name}, model={args.model}, widths={widths}, "
-          f"{num_lrs} LRs (x2), {steps} steps, batch {batch_size}, seeds {seeds}")
+    tag = (
+        f"{args.model}/ctx{args.context}" + ("/quick" if quick else "") + ("/bf16" if args.dtype == "bfloat16" else "")
+    )
+    print(
+        f"width transfer: data={data.name}, model={args.model}, widths={widths}, "
+        f"{num_lrs} LRs (x2), {steps} steps, batch {batch_size}, seeds {seeds}, {args.dtype}, "
+        f"backend {_common.environment()['backend']}"
+    )
     t0 = time.time()
     results, summaries, skipped = {}, {}, {}
     for name, (init, center, factory) in specs.items():
         ws = widths
-        if name == "muon":
+        if name == "muon" and muon_max is not None:
             ws = [w for w in widths if w <= muon_max]
             if len(ws) < len(widths):
                 skipped[name] = [w for w in widths if w > muon_max]
         t = time.time()
-        res = lab.sweep(family_for(init), factory, ws, lab.lr_grid(center, num_lrs), data,
-                        steps=steps, batch_size=batch_size, seeds=seeds, results=results_path,
-                        name=name, tag=tag, size_name="width", progress=not args.no_progress)
+        with numerics():  # traced and run at the chosen precision
+            res = lab.sweep(
+                family_for(init),
+                factory,
+                ws,
+                lab.lr_grid(center, num_lrs),
+                data,
+                steps=steps,
+                batch_size=batch_size,
+                seeds=seeds,
+                results=results_path,
+                name=name,
+                tag=tag,
+                size_name="width",
+                progress=not args.no_progress,
+            )
         results[name] = res
         summaries[name] = s = res.summary()
-        print(f"\n{name} ({init} init, {time.time() - t:.0f} s): spread {s['spread_steps']:.2f} "
-              f"grid steps over widths {ws[0]}..{ws[-1]}")
+        print(
+            f"\n{name} ({init} init, {time.time() - t:.0f} s): spread {s['spread_steps']:.2f} "
+            f"grid steps over widths {ws[0]}..{ws[-1]}"
+        )
         print("  width    best LR   loss@best  diverged" + ("  (edge)" if s["at_edge"] else ""))
         for w in ws:
             edge = "  at grid edge" if w in s["at_edge"] else ""
-            print(f"  {w:5d}  {s['best_lr'][w]:9.3g}  {s['loss_at_best'][w]:9.4f}  "
-                  f"{s['diverged'][w]:8d}{edge}", flush=True)
+            print(
+                f"  {w:5d}  {s['best_lr'][w]:9.3g}  {s['loss_at_best'][w]:9.4f}  {s['diverged'][w]:8d}{edge}",
+                flush=True,
+            )
     elapsed = time.time() - t0
 
     print("\nsummary (spread in grid steps of x2; loss = train loss at the best LR):")
@@ -127,21 +201,41 @@ def main(argv=None):
         losses = " ".join(f"{s['loss_at_best'][w]:.3f}" for w in ws)
         print(f"  {name:14s} {s['spread_steps']:7.2f}  {f'{ws[0]}..{ws[-1]}':>12s}  {losses}")
     if skipped:
-        print(f"  (not run, CPU budget: {skipped})")
+        print(f"  (not run, {'--muon-max-width' if args.muon_max_width else 'CPU budget'}: {skipped})")
     fig = os.path.join(args.out, "width_transfer.png")
-    lab.plot_sweeps(results, fig, suptitle=f"width transfer: {data.name}, {args.model}, "
-                    f"{steps} steps x batch {batch_size}")
+    lab.plot_sweeps(
+        results, fig, suptitle=f"width transfer: {data.name}, {args.model}, {steps} steps x batch {batch_size}"
+    )
     print(f"figure: {fig}   results: {results_path}   ({elapsed:.0f} s)")
-    _common.write_json(args.json, {
-        "benchmark": "width_transfer", "quick": quick, "data": data.name, "model": args.model,
-        "widths": widths, "num_lrs": num_lrs, "steps": steps, "batch_size": batch_size,
-        "seeds": seeds, "grid_ratio": 2.0, "skipped_widths": skipped,
-        "runs": [r for res in results.values() for r in res.runs],
-        "summary": {k: {kk: s[kk] for kk in ("best_lr", "spread_steps", "loss_at_best",
-                                              "best_lr_grid", "at_edge", "diverged")}
-                    for k, s in summaries.items()},
-        "figure": fig, "seconds": elapsed, "environment": _common.environment(),
-    })
+    _common.write_json(
+        args.json,
+        {
+            "benchmark": "width_transfer",
+            "preset": preset,
+            "quick": quick,
+            "dtype": args.dtype,
+            "data": data.name,
+            "model": args.model,
+            "widths": widths,
+            "num_lrs": num_lrs,
+            "steps": steps,
+            "batch_size": batch_size,
+            "seeds": seeds,
+            "grid_ratio": 2.0,
+            "skipped_widths": skipped,
+            "runs": [r for res in results.values() for r in res.runs],
+            "summary": {
+                k: {
+                    kk: s[kk]
+                    for kk in ("best_lr", "spread_steps", "loss_at_best", "best_lr_grid", "at_edge", "diverged")
+                }
+                for k, s in summaries.items()
+            },
+            "figure": fig,
+            "seconds": elapsed,
+            "environment": _common.environment(),
+        },
+    )
     return summaries
 
 

@@ -64,7 +64,7 @@ too). Add the decay after it with :func:`decoupled_weight_decay`::
     )
 
 References:
-  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling (REFERENCE.md
+  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling (docs/math.md
   section 5). Related: Depth-muP (1/sqrt(L) branches), CompleteP (1/L).
 """
 
@@ -309,7 +309,7 @@ def depth_residual_scale(
         message lists the parameter paths).
 
     References:
-      Wong, Xu, Li, Lu (2026); REFERENCE.md section 5 (absorbed form).
+      Wong, Xu, Li, Lu (2026); docs/math.md section 5 (absorbed form).
     """
     if optimizer_kind not in OPTIMIZER_KINDS:
         raise ValueError(

@@ -31,7 +31,7 @@ some optimizers treat differently). Inferred from names, overridable.
 
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning".
-  The math: docs/math.md.
+  docs/math.md section 1.
 """
 
 from __future__ import annotations

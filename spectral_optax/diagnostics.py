@@ -19,7 +19,7 @@ measure exactly that:
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning"
   (relative changes, alignment, Figures 1-3). Yang et al. (2021), "Tensor
-  Programs V" (coordinate checks). REFERENCE.md section 2.
+  Programs V" (coordinate checks). docs/math.md section 2.
 """
 
 from __future__ import annotations

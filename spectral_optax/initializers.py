@@ -45,7 +45,7 @@ Gain. The default ``gain=1.0`` makes :func:`spectral_orthogonal` hit the
 spectral target exactly and makes :func:`spectral_normal` equal Flax's default
 LeCun-normal scale on non-shrinking layers. For ReLU networks use
 ``gain=math.sqrt(2)`` (Kaiming's correction for ReLU halving the second
-moment; REFERENCE.md's sigma0). Worked example (input 3072, hidden 4096, one
+moment; docs/math.md's sigma0). Worked example (input 3072, hidden 4096, one
 output, ``gain=sqrt(2)``): stds 0.0255, 0.0221, 0.000345.
 
 Values are drawn in float32 (float64 if that is requested) and cast to the
@@ -54,7 +54,7 @@ requested dtype, so bf16 parameters are bf16 draws of the f32 distribution.
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning",
   Parametrization 1. Saxe, McClelland, Ganguli (2014), orthogonal init.
-  REFERENCE.md section 2.
+  docs/math.md section 2.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def spectral_normal(
       ``init(key, shape, dtype=dtype) -> Array``.
 
     References:
-      Yang, Simon, Bernstein (2023), Parametrization 1; REFERENCE.md section 2.
+      Yang, Simon, Bernstein (2023), Parametrization 1; docs/math.md section 2.
     """
     gain = _check_gain("gain", gain)
     default_dtype = dtype
@@ -244,7 +244,7 @@ def spectral_orthogonal(
 
     References:
       Yang, Simon, Bernstein (2023), Parametrization 1 (the orthogonal
-      alternative); Saxe, McClelland, Ganguli (2014); REFERENCE.md section 2.
+      alternative); Saxe, McClelland, Ganguli (2014); docs/math.md section 2.
     """
     gain = _check_gain("gain", gain)
     default_dtype = dtype
@@ -291,7 +291,7 @@ def spectral_embedding(*, std: float = 1.0, dtype=None) -> Initializer:
       ``init(key, shape, dtype=dtype) -> Array``.
 
     References:
-      Yang, Simon, Bernstein (2023), section on embeddings; REFERENCE.md
+      Yang, Simon, Bernstein (2023), section on embeddings; docs/math.md
       sections 1-2.
     """
     std = _check_gain("std", std)

@@ -22,6 +22,9 @@ import pytest
 
 import spectral_optax as so
 
+# float64 / cross-path comparisons: true float32 matmuls on every backend (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 OPTIMIZERS = {
     "muon": lambda: so.muon(0.02, weight_decay=0.1),
     "contrib_muon": lambda: so.contrib_muon(0.02),

@@ -22,6 +22,9 @@ import pytest
 
 import spectral_optax as so
 
+# float64 / cross-path comparisons: true float32 matmuls on every backend (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 
 def flax_tree(dtype=jnp.float32, seed=0):
     rng = np.random.default_rng(seed)

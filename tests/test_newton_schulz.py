@@ -1,18 +1,25 @@
 """Newton-Schulz iterations and coefficient schedules, checked against float64 SVDs."""
 
 
+import functools
+import itertools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tf32_round
 
 import spectral_optax as so
-from spectral_optax._duals.polar import newton_schulz, optimal_quintic, polar_express_coefficients
 
 # The package exports the function `newton_schulz`, which shadows the module name.
 import spectral_optax._duals.polar as ns_mod
+from spectral_optax._duals.polar import (
+    newton_schulz,
+    optimal_quintic,
+    polar_express_coefficients,
+)
 
 # Published 8-step Polar Express table (Amsel et al. 2025), before the safety factor.
 PUBLISHED_PE = [
@@ -74,7 +81,7 @@ def test_polar_express_iteration_converges():
     x = np.logspace(-3, 0, 2001)  # the pinned interval [l, 1]
     err = [np.max(np.abs(_compose(polar_express_coefficients(k, safety=1.0), x) - 1)) for k in (4, 6, 8, 10)]
     assert err[2] < 1e-3 and err[3] < 1e-6
-    assert all(b < a for a, b in zip(err, err[1:]))
+    assert all(b < a for a, b in itertools.pairwise(err))
     # With the safety factor the iteration still converges, now on [l, 1.01].
     y = _compose(polar_express_coefficients(10), np.logspace(-3, np.log10(1.01), 2001))
     assert np.max(np.abs(y - 1)) < 1e-3
@@ -172,6 +179,119 @@ def test_auto_method_picks_gram_only_when_cheaper_and_f32():
     assert not ns_mod._use_gram("auto", 768, 3072, 5, jnp.bfloat16)
 
 
+@pytest.mark.parametrize(
+    "precision, gram",
+    [
+        (None, True),  # float32 compute -> Precision.HIGHEST -> Gram-space is safe
+        ("highest", True),
+        (jax.lax.Precision.HIGHEST, True),
+        ((jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST), True),
+        ("tensorfloat32", False),  # the GPU's float32 default: 10 mantissa bits
+        (jax.lax.Precision.HIGH, False),
+        (jax.lax.Precision.DEFAULT, False),  # TF32 on a GPU, one bf16 pass on a TPU
+        ("bfloat16", False),
+        ((jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT), False),
+    ],
+)
+def test_auto_method_is_precision_aware(precision, gram):
+    m, n = 768, 3072
+    assert ns_mod.newton_schulz_method(m, n, 5, jnp.float32, "auto", precision) == ("gram" if gram else "standard")
+    # bfloat16 compute never gets the Gram-space variant, whatever the precision.
+    assert ns_mod.newton_schulz_method(m, n, 5, jnp.bfloat16, "auto", precision) == "standard"
+
+
+def _dot_generals(fn, *args):
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    return [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+
+
+def _is_highest(p):
+    h = jax.lax.Precision.HIGHEST
+    return p == h or (isinstance(p, tuple) and all(q == h for q in p))
+
+
+@pytest.mark.parametrize("shape", [(16, 64), (40, 40)])
+def test_float32_iteration_runs_at_highest_precision_even_under_a_lower_default(shape):
+    # A GPU runs float32 matmuls at TF32 unless told otherwise; on a CPU the
+    # precision flag changes nothing, so check what the iteration asks for.
+    x = jnp.ones((2, *shape), jnp.float32)
+    with jax.default_matmul_precision("bfloat16"):
+        eqns = _dot_generals(lambda x: newton_schulz(x, compute_dtype=jnp.float32), x)
+        steps = 5
+        gram = ns_mod.newton_schulz_method(*shape, steps, jnp.float32) == "gram"
+        # Gram-space: X X^T, then R^2 and Q P per step, P R P but the last, Q X; standard: 3 per step.
+        assert len(eqns) == (4 * steps - 1 if gram else 3 * steps)
+        assert all(_is_highest(e.params["precision"]) for e in eqns)
+        # An explicit lower precision is honoured, and then the iteration is the standard one.
+        eqns = _dot_generals(lambda x: newton_schulz(x, compute_dtype=jnp.float32, precision="tensorfloat32"), x)
+        assert len(eqns) == 3 * steps
+        assert all(not _is_highest(e.params["precision"]) for e in eqns)
+    # bfloat16 compute keeps the backend default (fast tensor-core products).
+    eqns = _dot_generals(lambda x: newton_schulz(x, compute_dtype=jnp.bfloat16), x)
+    assert len(eqns) == 3 * steps
+    assert all(e.params["precision"] is None and e.invars[0].aval.dtype == jnp.bfloat16 for e in eqns)
+
+
+def _emulated_gpu_dot(orig):
+    """``polar._dot`` as a GPU computes it: TF32 operands unless Precision.HIGHEST."""
+
+    def dot(x, y, cx, cy, precision):
+        if x.dtype == jnp.float32 and not ns_mod._is_full_precision(precision):
+            x, y = tf32_round(x), tf32_round(y)
+        return orig(x, y, cx, cy, precision)
+
+    return dot
+
+
+def test_emulated_tf32_gram_fails_and_defaults_hold(monkeypatch):
+    """The H200 failure, reproduced on a CPU: at TF32 the Gram-space Polar
+    Express iteration leaves the 0.02 band around 1 (or overflows), and the
+    defaults (float32 at HIGHEST, 'auto') keep it within 1e-3 even there."""
+    monkeypatch.setattr(ns_mod, "_dot", _emulated_gpu_dot(ns_mod._dot))
+    rng = np.random.default_rng(1)
+    for shape in [(32, 96), (96, 32)]:
+        g = _random_matrix(rng, *shape, 1e2)
+        xg = jnp.asarray(g, jnp.float32)
+        bad = np.asarray(newton_schulz(xg, "polar_express", steps=8, method="gram", compute_dtype=jnp.float32,
+                                       precision="tensorfloat32"), np.float64)
+        if np.all(np.isfinite(bad)):  # the emulation must reproduce the failure
+            s, d, _ = _singular_values_on_input_basis(g, bad)
+            assert np.max(np.abs(d[s >= 1e-2 * s[0]] - 1)) > 0.02
+        for precision in (None, "tensorfloat32"):  # auto: gram at HIGHEST, standard at TF32
+            y = np.asarray(newton_schulz(xg, "polar_express", steps=8, compute_dtype=jnp.float32,
+                                         precision=precision), np.float64)
+            s, d, _ = _singular_values_on_input_basis(g, y)
+            assert np.max(np.abs(d[s >= 1e-2 * s[0]] - 1)) < 1e-3, (shape, precision)
+
+
+def test_simulated_gpu_defaults_and_user_function_dtype(monkeypatch):
+    monkeypatch.setattr(ns_mod, "_platform", lambda: "gpu")
+    assert ns_mod.default_compute_dtype() == jnp.bfloat16
+    assert ns_mod.user_function_dtype() == jnp.float32
+    assert ns_mod.user_function_dtype(jnp.float64) == jnp.float64
+    rng = np.random.default_rng(6)
+    g = rng.normal(size=(3, 10, 20))
+    seen = {}
+
+    def exact_polar(x):  # jnp.linalg.svd rejects bfloat16: this raised on a GPU
+        seen["dtype"] = x.dtype
+        seen["precision"] = jax.config.jax_default_matmul_precision
+        u, _, vt = jnp.linalg.svd(x, full_matrices=False)
+        return u @ vt
+
+    y = newton_schulz(jnp.asarray(g, jnp.float32), exact_polar)  # default compute dtype: bf16 here
+    assert seen == {"dtype": jnp.float32, "precision": "highest"}
+    assert y.dtype == jnp.float32
+    u, _, vt = np.linalg.svd(g, full_matrices=False)
+    np.testing.assert_allclose(np.asarray(y, np.float64), u @ vt, atol=1e-5)
+    # The default iteration on the simulated GPU: bfloat16, standard method.
+    eqns = _dot_generals(lambda x: newton_schulz(x), jnp.ones((2, 16, 64), jnp.float32))
+    assert len(eqns) == 15 and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in eqns)
+    # A bfloat16 input reaches the user function as float32 and comes back as bfloat16.
+    yb = newton_schulz(jnp.asarray(g, jnp.bfloat16), exact_polar)
+    assert seen["dtype"] == jnp.float32 and yb.dtype == jnp.bfloat16
+
+
 # ---------------------------------------------------------------- numerics
 @pytest.mark.parametrize("method", ["standard", "gram"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -185,24 +305,27 @@ def test_zero_gives_zero_and_scale_invariance(method, dtype):
     assert np.all(np.isfinite(np.asarray(y.astype(jnp.float32))))
     if dtype == "float32":
         for factor in (1e30, 1e-30):
-            z = newton_schulz(jnp.asarray(g * factor, jnp.float32), method=method)
+            z = newton_schulz(jnp.asarray(g * factor, jnp.float32), method=method, compute_dtype=jnp.float32)
             assert np.all(np.isfinite(np.asarray(z)))
             np.testing.assert_allclose(np.asarray(z), np.asarray(y[1]), atol=1e-5)
 
 
 def test_batched_equals_loop_and_transpose_symmetry():
+    # float32 compute (the CPU default; GPUs/TPUs default to bfloat16, whose
+    # round-off differs between the wide and tall orientations).
+    ns = functools.partial(newton_schulz, compute_dtype=jnp.float32)
     rng = np.random.default_rng(4)
     x = jnp.asarray(rng.normal(size=(2, 3, 12, 30)), jnp.float32)
     for method in ("standard", "gram"):
-        y = newton_schulz(x, method=method)
+        y = ns(x, method=method)
         assert y.shape == x.shape
         for i in range(2):
             for j in range(3):
                 np.testing.assert_allclose(
-                    np.asarray(y[i, j]), np.asarray(newton_schulz(x[i, j], method=method)), atol=1e-5
+                    np.asarray(y[i, j]), np.asarray(ns(x[i, j], method=method)), atol=1e-5
                 )
         # NS(X^T) = NS(X)^T: the tall orientation is the same map.
-        yt = newton_schulz(jnp.swapaxes(x, -1, -2), method=method)
+        yt = ns(jnp.swapaxes(x, -1, -2), method=method)
         np.testing.assert_allclose(np.asarray(yt), np.asarray(jnp.swapaxes(y, -1, -2)), atol=1e-5)
 
 

@@ -21,6 +21,11 @@ from spectral_optax import _depth as depth
 from spectral_optax.nn import linen as L
 from spectral_optax.nn import nnx as N
 
+# Every comparison here (with float64 NumPy, or between two float32 forms) runs
+# at float32-accurate matmuls: a GPU's default float32 precision is TF32 and
+# a TPU's one bfloat16 pass, far outside 1e-5..2e-5 (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 K, WIDTH, D_IN, D_OUT = 4, 8, 5, 3
 
 
@@ -49,7 +54,7 @@ def _randomize(params, seed=3):
         treedef, [0.3 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _x():
     return jax.random.normal(jax.random.key(7), (6, D_IN))
 
@@ -77,7 +82,7 @@ def test_linen_unrolled_equals_scanned():
     p = _randomize(_init(scanned, _x()))
     pu = {"input_proj": p["input_proj"], "head": p["head"]}
     for k in range(K):
-        pu[f"blocks_{k}"] = jax.tree_util.tree_map(lambda a: a[k], p["blocks"])
+        pu[f"blocks_{k}"] = jax.tree_util.tree_map(lambda a, k=k: a[k], p["blocks"])
     assert jax.tree_util.tree_structure(pu) == jax.tree_util.tree_structure(
         jax.eval_shape(unrolled.init, jax.random.key(0), _x())["params"])
     np.testing.assert_allclose(_apply(unrolled, pu, _x()), _apply(scanned, p, _x()),

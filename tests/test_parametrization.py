@@ -20,7 +20,7 @@ def mlp_params(width, d_in=3072, d_out=1, bias=True):
 
 
 def test_reference_worked_example():
-    # REFERENCE.md section 2: input 3072, hidden 4096, one output, eta0 = 0.1.
+    # docs/math.md section 2: input 3072, hidden 4096, one output, eta0 = 0.1.
     p = mlp_params(4096, bias=False)
     lrs = {path: 0.1 * so.lr_multiplier(g, "sgd") for path, g in so.as_geometry_map().leaves(p)}
     np.testing.assert_allclose(

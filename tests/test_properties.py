@@ -24,11 +24,15 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import spectral_optax as so
 from spectral_optax import Geometry
+
+# float64 / cross-path comparisons: true float32 matmuls on every backend (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("highest_precision")
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 ALL_DTYPES = tuple(sorted(DTYPES))

@@ -20,6 +20,9 @@ import pytest
 
 import spectral_optax as so
 
+# float64 / cross-path comparisons: true float32 matmuls on every backend (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 STEPS = 4
 QUINTIC = (3.4445, -4.7750, 2.0315)
 

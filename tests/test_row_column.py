@@ -1,6 +1,6 @@
 """Row / column dual maps and their transforms against float64 NumPy references.
 
-The references below re-derive the formulas of REFERENCE.md section 3 and do
+The references below re-derive the formulas of docs/math.md section 3 and do
 their own reshaping (conv fan-in = window x channels, stacked layers looped,
 QKV blocks sliced), so they share no code with the package.
 """

@@ -15,7 +15,7 @@ condition's target ``sqrt(d_out / 1)``.
 References:
   Large et al. (2024), "Scalable Optimization in the Modular Norm" (Embed);
   Pethick et al. (2025), "Training Deep Learning Models with Norm-Constrained
-  LMOs" (Scion ColNorm). REFERENCE.md section 3.
+  LMOs" (Scion ColNorm). docs/math.md section 3.
 """
 
 from __future__ import annotations

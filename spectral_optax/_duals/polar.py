@@ -2,7 +2,7 @@
 
 For a matrix ``G = U S V^T`` (thin SVD) the orthogonal polar factor ``U V^T``
 is the steepest-descent direction under the spectral norm (the RMS->RMS
-dual map, REFERENCE.md section 3). It is approximated without an SVD by
+dual map, docs/math.md section 3). It is approximated without an SVD by
 iterating an odd quintic on the Frobenius-normalized matrix::
 
     X_0 = G / (||G||_F * safety)                 (so every sigma_i(X_0) <= 1)
@@ -28,12 +28,18 @@ dimension numbers instead of materialized transposes; for clearly
 rectangular matrices in float32 a Gram-space variant iterates on the
 ``m x m`` Gram matrix and multiplies by ``X`` once at the end.
 
+Precision on accelerators (see :func:`resolve_precision`,
+:func:`newton_schulz_method`): the default compute dtype is bfloat16 on
+GPU/TPU and float32 elsewhere; float32 compute runs its matmuls at
+``Precision.HIGHEST`` unless told otherwise, so float32 results agree across
+backends, and the Gram-space variant is used only at that precision.
+
 References:
   Jordan et al. (2024), "Muon: An optimizer for hidden layers in neural
   networks" (modded-nanogpt).
   Amsel, Persson, Musco, Gower (2025), "The Polar Express: Optimal Matrix Sign
   Methods and Their Application to the Muon Algorithm", arXiv:2505.16932.
-  REFERENCE.md section 4.
+  docs/math.md section 4.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -49,8 +55,8 @@ import numpy as np
 
 __all__ = [
     "MUON_QUINTIC",
-    "POLAR_EXPRESS_L",
     "POLAR_EXPRESS_CUSHION",
+    "POLAR_EXPRESS_L",
     "POLAR_EXPRESS_SAFETY",
     "newton_schulz",
     "newton_schulz_flops",
@@ -58,6 +64,8 @@ __all__ = [
     "optimal_quintic",
     "polar_express_coefficients",
     "resolve_coefficients",
+    "resolve_precision",
+    "user_function_dtype",
 ]
 
 #: The original Muon quintic (Jordan 2024), used for 5 steps.
@@ -70,7 +78,7 @@ POLAR_EXPRESS_CUSHION: float = 0.02407327424182761
 POLAR_EXPRESS_SAFETY: float = 1.01
 
 Triple = tuple[float, float, float]
-Coefficients = Union[str, Triple, Sequence[Triple], np.ndarray, Callable[[jax.Array], jax.Array]]
+Coefficients = str | Triple | Sequence[Triple] | np.ndarray | Callable[[jax.Array], jax.Array]
 
 
 # --------------------------------------------------------------------------
@@ -216,8 +224,7 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
             steps = 5
     if table.ndim != 2 or table.shape[1] != 3 or table.shape[0] == 0:
         raise ValueError(
-            f"Newton-Schulz coefficients must be (a, b, c) or a table of shape (steps, 3), got "
-            f"shape {table.shape}"
+            f"Newton-Schulz coefficients must be (a, b, c) or a table of shape (steps, 3), got shape {table.shape}"
         )
     if not np.all(np.isfinite(table)):
         raise ValueError("Newton-Schulz coefficients must be finite")
@@ -238,7 +245,10 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
 def _dot(x, y, contract_x, contract_y, precision):
     """Batched matmul over the leading axis with chosen contraction axes."""
     return jax.lax.dot_general(
-        x, y, (((contract_x,), (contract_y,)), ((0,), (0,))), precision=precision,
+        x,
+        y,
+        (((contract_x,), (contract_y,)), ((0,), (0,))),
+        precision=precision,
         preferred_element_type=x.dtype,
     )
 
@@ -287,24 +297,68 @@ def _gram(x, table, wide: bool, precision):
     return _dot(q, x, 2, 1, precision) if wide else _dot(x, q, 2, 1, precision)
 
 
-def newton_schulz_method(m: int, n: int, steps: int, dtype=jnp.float32, method: str = "auto") -> str:
+def _platform() -> str:
+    """The default backend's platform (a seam: tests simulate a GPU by patching it)."""
+    return jax.default_backend()
+
+
+def resolve_precision(precision: Any = None, dtype: Any = jnp.float32):
+    """The ``jax.lax.Precision`` the iteration's matmuls run at.
+
+    ``None`` means "the compute dtype's own accuracy": ``Precision.HIGHEST``
+    for >= 32-bit compute (true float32 products on every backend: no
+    TensorFloat-32 on NVIDIA GPUs, no single bfloat16 pass on TPUs), the
+    backend default for bfloat16/float16 compute (native low-precision
+    products with float32 accumulation). Anything else (a ``Precision``, a
+    string such as ``'tensorfloat32'`` or ``'highest'``, or a pair) is passed
+    to ``jax.lax.dot_general`` unchanged.
+    """
+    if precision is not None:
+        return precision
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
+
+
+def _is_full_precision(precision) -> bool:
+    """Whether ``precision`` guarantees float32-accurate products on every backend."""
+    if precision is None:
+        return False
+    if isinstance(precision, (tuple, list)):
+        return len(precision) > 0 and all(_is_full_precision(p) for p in precision)
+    try:
+        return jax.lax.Precision(precision) == jax.lax.Precision.HIGHEST
+    except (ValueError, TypeError, KeyError):  # e.g. a DotAlgorithmPreset
+        return False
+
+
+def newton_schulz_method(
+    m: int, n: int, steps: int, dtype=jnp.float32, method: str = "auto", precision: Any = None
+) -> str:
     """The variant :func:`newton_schulz` runs for an ``m x n`` matrix: ``'standard'`` or ``'gram'``.
 
-    ``'auto'`` picks the Gram-space variant only in >= 32-bit compute (it has
-    no self-correction through ``X``, so low-precision round-off accumulates;
-    in bfloat16 it is unstable) and only where it saves at least 25% of the
-    flops (:func:`newton_schulz_flops`).
+    The Gram-space variant has no self-correction through ``X``: the round-off
+    of every Gram-space product accumulates in ``Q`` (in bfloat16 it is
+    unstable; at TensorFloat-32, 10 mantissa bits, Polar Express 8 steps was
+    measured 0.29 away from 1 on an NVIDIA H200, against < 1e-4 at float32).
+    So ``'auto'`` picks it only when
+
+    * the compute ``dtype`` has >= 32 bits **and** the matmuls run at
+      ``Precision.HIGHEST`` (:func:`resolve_precision`: the default for
+      float32 compute; an explicit lower ``precision`` such as
+      ``'tensorfloat32'`` or ``Precision.DEFAULT`` disables it on every
+      backend, even on a CPU where it would be exact, so that the choice,
+      and the result, do not depend on the backend), and
+    * it saves at least 25% of the flops (:func:`newton_schulz_flops`).
     """
     if method in ("standard", "gram"):
         return method
-    if jnp.dtype(dtype).itemsize < 4:
+    if jnp.dtype(dtype).itemsize < 4 or not _is_full_precision(resolve_precision(precision, dtype)):
         return "standard"
     gram = newton_schulz_flops(m, n, steps, "gram")
     return "gram" if gram <= 0.75 * newton_schulz_flops(m, n, steps, "standard") else "standard"
 
 
-def _use_gram(method: str, m: int, n: int, steps: int, dtype) -> bool:
-    return newton_schulz_method(m, n, steps, dtype, method) == "gram"
+def _use_gram(method: str, m: int, n: int, steps: int, dtype, precision: Any = None) -> bool:
+    return newton_schulz_method(m, n, steps, dtype, method, precision) == "gram"
 
 
 def newton_schulz_flops(m: int, n: int, steps: int, method: str = "standard") -> int:
@@ -321,7 +375,15 @@ def newton_schulz_flops(m: int, n: int, steps: int, method: str = "standard") ->
 
 def default_compute_dtype():
     """bfloat16 on GPU/TPU (as Muon is run there), float32 elsewhere."""
-    return jnp.bfloat16 if jax.default_backend() in ("gpu", "cuda", "rocm", "tpu") else jnp.float32
+    return jnp.bfloat16 if _platform() in ("gpu", "cuda", "rocm", "tpu") else jnp.float32
+
+
+def user_function_dtype(compute_dtype: Any = None):
+    """The dtype a user orthogonalization function receives: ``compute_dtype``
+    promoted to at least float32 (float32 for the bfloat16 default of GPUs
+    and TPUs, which ``jnp.linalg`` rejects; float64 if asked for)."""
+    cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else default_compute_dtype()
+    return jnp.promote_types(cdtype, jnp.float32)
 
 
 def newton_schulz(
@@ -351,26 +413,39 @@ def newton_schulz(
       coefficients: ``'quintic'`` (default: :data:`MUON_QUINTIC`, 5 steps),
         ``'polar_express'`` (:func:`polar_express_coefficients`, 8 steps by
         default), an ``(a, b, c)`` triple, a table of triples, or a function
-        ``f(x) -> x`` replacing the normalization and iteration altogether
-        (called on the ``(batch, m, n)`` array in ``compute_dtype``, e.g. an
-        exact SVD-based polar factor).
+        ``f(x) -> x`` replacing the normalization and iteration altogether,
+        e.g. an exact SVD-based polar factor. It is called on the
+        ``(batch, m, n)`` array in :func:`user_function_dtype` (``compute_dtype``
+        promoted to at least float32, so float32 under the bfloat16 default of
+        GPUs/TPUs: ``jnp.linalg.svd`` rejects bfloat16) and, unless
+        ``precision`` is given, traced under
+        ``jax.default_matmul_precision('highest')``.
       steps: number of iterations (see :func:`resolve_coefficients`).
       compute_dtype: dtype of the iteration. ``None``: float32 on CPU,
         bfloat16 on GPU/TPU. The result is cast back to ``x.dtype``.
+        ``float32`` means float32 arithmetic on every backend: unless
+        ``precision`` says otherwise its matmuls run at ``Precision.HIGHEST``
+        (a GPU's default for float32 is TensorFloat-32, 10 mantissa bits, and
+        a TPU's a single bfloat16 pass). That is several times slower on
+        tensor cores than bfloat16; for speed use the bfloat16 default, or
+        ``precision='tensorfloat32'`` (then ``'auto'`` never picks ``'gram'``).
       method: ``'standard'``, ``'gram'`` (Gram-space variant, cheaper for
-        rectangular matrices) or ``'auto'`` (Gram-space when ``compute_dtype``
-        has >= 32 bits and it saves >= 25% of the flops, i.e. aspect ratio
-        ``max(m, n) / min(m, n) >= 2.5`` for 5 steps).
+        rectangular matrices) or ``'auto'`` (:func:`newton_schulz_method`:
+        Gram-space when ``compute_dtype`` has >= 32 bits, the matmuls run at
+        ``Precision.HIGHEST``, and it saves >= 25% of the flops, i.e. aspect
+        ratio ``max(m, n) / min(m, n) >= 2.5`` for 5 steps).
       norm_safety: factor ``>= 1`` on the Frobenius norm; ``None``: 1.01 for
         ``'polar_express'`` (as published), 1 otherwise.
-      precision: ``jax.lax.Precision`` for the matmuls (``None``: default).
+      precision: ``jax.lax.Precision`` (or string, or pair) of the matmuls;
+        ``None``: :func:`resolve_precision` (``HIGHEST`` for >= 32-bit
+        compute, the backend default for bfloat16).
 
     Returns:
       Array of ``x``'s shape and dtype.
 
     References:
       Jordan et al. (2024), Muon; Amsel et al. (2025), The Polar Express.
-      REFERENCE.md section 4.
+      docs/math.md section 4.
     """
     x = jnp.asarray(x)
     if x.ndim < 2:
@@ -379,13 +454,18 @@ def newton_schulz(
         raise ValueError(f"method must be 'auto', 'standard' or 'gram', got {method!r}")
     out_dtype = x.dtype
     cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else default_compute_dtype()
-    *lead, m, n = x.shape
+    *_lead, m, n = x.shape
     xb = x.reshape((-1, m, n))
     if xb.shape[0] == 0 or m == 0 or n == 0:
         return jnp.zeros(x.shape, out_dtype)
     spec = resolve_coefficients(coefficients, steps)
     if callable(spec):
-        y = spec(xb.astype(cdtype))
+        fdtype = user_function_dtype(cdtype)
+        if precision is None:  # float32 means float32 inside the user's function too
+            with jax.default_matmul_precision("highest"):
+                y = spec(xb.astype(fdtype))
+        else:
+            y = spec(xb.astype(fdtype))
         if tuple(y.shape) != tuple(xb.shape):
             raise ValueError(
                 f"the user orthogonalization function returned shape {tuple(y.shape)} for input "
@@ -407,8 +487,9 @@ def newton_schulz(
     xc = xn.astype(cdtype)
 
     wide = m <= n
-    if _use_gram(method, m, n, len(table), cdtype):
-        y = _gram(xc, table, wide, precision)
+    prec = resolve_precision(precision, cdtype)
+    if _use_gram(method, m, n, len(table), cdtype, prec):
+        y = _gram(xc, table, wide, prec)
     else:
-        y = _standard(xc, table, wide, precision)
+        y = _standard(xc, table, wide, prec)
     return y.astype(out_dtype).reshape(x.shape)

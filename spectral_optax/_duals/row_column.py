@@ -51,7 +51,7 @@ The result is cast back to the input's dtype.
 References:
   Large, Bernstein et al. (2024), "Scalable Optimization in the Modular Norm";
   Bernstein & Newhouse (2024), "Old Optimizer, New Norm";
-  Wong, Xu, Li, Lu (2026) (MOGA, p in {1.5, 2, 2.5}). REFERENCE.md section 3.
+  Wong, Xu, Li, Lu (2026) (MOGA, p in {1.5, 2, 2.5}). docs/math.md section 3.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ The full orthogonalization ``U V^T`` lives in :mod:`spectral_optax._duals.polar`
 
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature
-  Learning", section 3 (normalized updates). REFERENCE.md section 2.
+  Learning", section 3 (normalized updates). docs/math.md section 2.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """MOGA (row/column-normalized momentum) and rescaled AdamW.
 
 MOGA is steepest descent under per-layer (p,mean) -> inf operator norms
-(REFERENCE.md section 3): the momentum of each hidden matrix is replaced by
+(docs/math.md section 3): the momentum of each hidden matrix is replaced by
 its dual direction under that norm, whose size does not depend on width, so
 one learning rate serves every width (and, with inverse-depth residual
 scaling, every depth).
@@ -164,7 +164,7 @@ def moga(
       ``inject_hyperparams`` would take for a schedule because it is callable).
 
     References:
-      Wong, Xu, Li, Lu (2026); REFERENCE.md section 3.
+      Wong, Xu, Li, Lu (2026); docs/math.md section 3.
     """
     if variant not in ("row", "col"):
         raise ValueError(f"variant must be 'row' or 'col', got {variant!r}")
@@ -287,7 +287,7 @@ def rescaled_adamw(
 
     References:
       Yang et al. (2022), "Tensor Programs V"; Wong, Xu, Li, Lu (2026);
-      REFERENCE.md section 3.
+      docs/math.md section 3.
     """
     check_p(p)
     qv = static_value(q)

@@ -128,7 +128,7 @@ def orthogonalize_via_newton_schulz(
 
     References:
       Jordan et al. (2024), Muon; Amsel et al. (2025), The Polar Express;
-      Yang, Simon, Bernstein (2023). REFERENCE.md sections 3-4.
+      Yang, Simon, Bernstein (2023). docs/math.md sections 3-4.
     """
     if isinstance(scale, str) and scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, a number or a function, got {scale!r}")

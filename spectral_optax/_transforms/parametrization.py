@@ -19,7 +19,7 @@ SGD / Adam with the tuned learning rate, and wider models inherit it.
 References:
   Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning",
   Parametrization 1. Yang et al. (2021), "Tensor Programs V" (muP tables,
-  base shapes). REFERENCE.md section 2.
+  base shapes). docs/math.md section 2.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and reshaped back. The transforms are stateless and scale-invariant, so put
 momentum before them and the learning rate after them.
 
 References:
-  REFERENCE.md section 3; Wong, Xu, Li, Lu (2026) (MOGA).
+  docs/math.md section 3; Wong, Xu, Li, Lu (2026) (MOGA).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def scale_by_row_norm(
       (computed in float32 or wider).
 
     References:
-      REFERENCE.md section 3; Wong, Xu, Li, Lu (2026).
+      docs/math.md section 3; Wong, Xu, Li, Lu (2026).
     """
     check_p(p)
     return dual_map_transform(lambda m: row_direction(m, p, fan_scaling=fan_scaling), geometry)
@@ -89,7 +89,7 @@ def scale_by_col_norm(
       A stateless ``optax.GradientTransformation``.
 
     References:
-      REFERENCE.md section 3; Wong, Xu, Li, Lu (2026).
+      docs/math.md section 3; Wong, Xu, Li, Lu (2026).
     """
     check_q(q)
     return dual_map_transform(lambda m: column_direction(m, q, fan_scaling=fan_scaling), geometry)

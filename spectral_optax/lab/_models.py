@@ -17,7 +17,7 @@ Module names follow Flax conventions the geometry inference understands:
 ``head`` (role ``'output'``).
 
 References:
-  Yang, Simon, Bernstein (2023), Parametrization 1. REFERENCE.md sections 2, 5.
+  Yang, Simon, Bernstein (2023), Parametrization 1. docs/math.md sections 2, 5.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import optax
 
 from spectral_optax.initializers import spectral_embedding, spectral_normal
 
-__all__ = ["Model", "MLP", "kernel_init", "embed_init", "mlp_family", "loss_for"]
+__all__ = ["MLP", "Model", "embed_init", "kernel_init", "loss_for", "mlp_family"]
 
 INITS = ("spectral", "standard")
 
@@ -120,7 +120,7 @@ class MLP(nn.Module):
     table of ``context * 256`` rows; the rows are summed). Then ``depth``
     hidden layers of width ``width``: plain ``h <- act(Dense(h))``, or with
     ``residual=True`` blocks ``h <- h + alpha * Dense(act(Dense(act(h))))``
-    (two linear layers per branch, REFERENCE.md section 5). A ``head`` Dense
+    (two linear layers per branch, docs/math.md section 5). A ``head`` Dense
     maps to ``num_outputs``.
 
     Attributes:
@@ -133,6 +133,9 @@ class MLP(nn.Module):
       gain: kernel gain for ``'spectral'`` (``sqrt(2)`` for ReLU).
       head_init: override of the head kernel initializer (e.g. zeros).
       dtype: parameter dtype.
+      compute_dtype: dtype of the layers' arithmetic (``None``: the
+        parameters'); ``jnp.bfloat16`` with float32 parameters is the usual
+        mixed precision on GPUs/TPUs. The loss is always taken in float32.
     """
 
     width: int
@@ -146,26 +149,28 @@ class MLP(nn.Module):
     gain: float = math.sqrt(2.0)
     head_init: Callable | None = None
     dtype: Any = jnp.float32
+    compute_dtype: Any = None
 
     @nn.compact
     def __call__(self, x):
         kinit = kernel_init(self.parametrization, self.gain)
         dense = lambda n, name, k=kinit: nn.Dense(
-            n, use_bias=self.use_bias, kernel_init=k, param_dtype=self.dtype, name=name
+            n, use_bias=self.use_bias, kernel_init=k, param_dtype=self.dtype, dtype=self.compute_dtype, name=name
         )
         if self.input == "bytes":
             context = x.shape[-1]
             ids = x.astype(jnp.int32) + 256 * jnp.arange(context)
             table = nn.Embed(
                 context * 256, self.width, embedding_init=embed_init(self.parametrization),
-                param_dtype=self.dtype, name="embed",
+                param_dtype=self.dtype, dtype=self.compute_dtype, name="embed",
             )
             h = table(ids).sum(-2)
             if self.parametrization == "spectral":  # a sum of `context` Theta(1) rows: keep RMS ~ 1
                 h = h / math.sqrt(context)
         elif self.input == "dense":
             h = x.reshape(x.shape[0], -1) if x.ndim > 1 else x[None]
-            h = dense(self.width, "Dense_in")(h.astype(self.dtype))
+            cdtype = self.dtype if self.compute_dtype is None else self.compute_dtype
+            h = dense(self.width, "Dense_in")(h.astype(cdtype))
         else:
             raise ValueError(f"input must be 'dense' or 'bytes', got {self.input!r}")
         alpha = 1.0 if self.alpha is None else self.alpha

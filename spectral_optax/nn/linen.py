@@ -23,7 +23,7 @@ and depth 64 compiles as fast as depth 2. With ``scan=False`` the blocks are
 ``blocks_0 .. blocks_{K-1}``.
 
 References:
-  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling; REFERENCE.md
+  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling; docs/math.md
   section 5.
 """
 

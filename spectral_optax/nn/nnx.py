@@ -16,7 +16,7 @@ multiplier and initializes the branch's last layer (kernel and bias) times
 ``alpha`` (train with :func:`spectral_optax.depth_residual_scale`).
 
 References:
-  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling; REFERENCE.md
+  Wong, Xu, Li, Lu (2026), inverse-depth residual scaling; docs/math.md
   section 5.
 """
 
