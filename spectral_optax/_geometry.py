@@ -356,8 +356,7 @@ def _apply_override(override: Override, path: str, shape: tuple[int, ...]) -> Ge
     if isinstance(override, Geometry):
         if override.shape != shape:
             raise GeometryError(
-                f"override for parameter '{path}' has shape {override.shape}, but the parameter "
-                f"has shape {shape}"
+                f"override for parameter '{path}' has shape {override.shape}, but the parameter has shape {shape}"
             )
         return override
     if callable(override):
@@ -449,9 +448,7 @@ class GeometryMap:
         self.overrides = _compile_overrides(overrides or {})
         self.explicit: dict[str, Geometry] = {}
         if tree is not None:
-            flat, _ = jax.tree_util.tree_flatten_with_path(
-                tree, is_leaf=lambda x: isinstance(x, Geometry)
-            )
+            flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, Geometry))
             for p, g in flat:
                 if isinstance(g, Geometry):
                     self.explicit[path_str(p)] = g
@@ -583,14 +580,11 @@ class GeometryMap:
             if _QKV_NAME.match(parent):
                 return Geometry(shape, "matrix", (ndim - 3,), (ndim - 2, ndim - 1), role=role)
             attention_sibling = "/".join(parts[:-2] + ["query", "kernel"])
-            if parent.lower() == "out" and (
-                "attention" in grandparent.lower() or attention_sibling in shape_of
-            ):
+            if parent.lower() == "out" and ("attention" in grandparent.lower() or attention_sibling in shape_of):
                 return Geometry(shape, "matrix", (ndim - 3, ndim - 2), (ndim - 1,), role=role)
         raise UndecidableGeometryError(
             f"cannot infer the geometry of parameter '{path}' with shape {shape}: no Flax naming "
-            f"rule decides which of its {ndim} axes are fan-in, fan-out and batch axes.\n"
-            + _override_help(path, shape)
+            f"rule decides which of its {ndim} axes are fan-in, fan-out and batch axes.\n" + _override_help(path, shape)
         )
 
     # -- user-facing ---------------------------------------------------------
@@ -661,9 +655,7 @@ def infer_geometry(params, geometry: GeometryLike = None) -> Any:
     return as_geometry_map(geometry).tree(params)
 
 
-def map_with_geometry(
-    fn: Callable, geometry: GeometryLike, tree, *rest, num_outputs: int = 1, with_path: bool = False
-):
+def map_with_geometry(fn: Callable, geometry: GeometryLike, tree, *rest, num_outputs: int = 1, with_path: bool = False):
     """``tree_map`` over ``tree`` (and same-structure ``rest``) calling
     ``fn(geometry, leaf, *rest_leaves)`` with each leaf's :class:`Geometry`.
 
@@ -678,9 +670,7 @@ def map_with_geometry(
     paths = [path_str(p) for p, _ in flat]
     shapes = [tuple(np.shape(x)) for _, x in flat]
     is_array = [hasattr(x, "shape") for _, x in flat]
-    geoms = gmap.resolve(
-        [p for p, a in zip(paths, is_array) if a], [s for s, a in zip(shapes, is_array) if a]
-    )
+    geoms = gmap.resolve([p for p, a in zip(paths, is_array) if a], [s for s, a in zip(shapes, is_array) if a])
     it = iter(geoms)
     out = []
     for i, (_, x) in enumerate(flat):
@@ -695,9 +685,7 @@ def map_with_geometry(
     return tuple(jax.tree_util.tree_unflatten(treedef, [y[k] for y in out]) for k in range(num_outputs))
 
 
-def label_by_geometry(
-    label_fn: Callable[[str, Geometry], str], geometry: GeometryLike = None
-) -> Callable[[Any], Any]:
+def label_by_geometry(label_fn: Callable[[str, Geometry], Any], geometry: GeometryLike = None) -> Callable[[Any], Any]:
     """A ``param_labels`` callable for ``optax.partition`` driven by geometry.
 
     Args:

@@ -322,8 +322,8 @@ def test_rescaled_adamw_fan_factor_after_adam(p, q):
 # ----------------------------------------------------------------- optax.contrib.muon
 @pytest.mark.parametrize("kwargs", [
     {},
-    {"nesterov": False, "beta": 0.8, "eps": 1e-6, "weight_decay": 0.1, "adam_weight_decay": 0.05, "adam_b1": 0.7, "adam_b2": 0.9,
-     "adam_learning_rate": 0.01},
+    {"nesterov": False, "beta": 0.8, "eps": 1e-6, "weight_decay": 0.1, "adam_weight_decay": 0.05, "adam_b1": 0.7,
+     "adam_b2": 0.9, "adam_learning_rate": 0.01},
     {"consistent_rms": 0.2, "ns_steps": 4},
 ])
 def test_contrib_muon_matches_optax_contrib_muon(kwargs):

@@ -172,12 +172,13 @@ def moga(
         try:
             re.compile(key)
         except re.error as e:
-            raise ValueError(f"rules: {key!r} is not a valid regular expression ({e}); rules map a regex "
-                             "re.search-ed on the '/'-joined parameter path to a rule") from e
+            raise ValueError(
+                f"rules: {key!r} is not a valid regular expression ({e}); rules map a regex "
+                "re.search-ed on the '/'-joined parameter path to a rule"
+            ) from e
         if isinstance(rule, str) and rule not in MOGA_RULES:
             raise ValueError(
-                f"rules[{key!r}] = {rule!r}: a rule must be one of {MOGA_RULES} or an "
-                "optax.GradientTransformation"
+                f"rules[{key!r}] = {rule!r}: a rule must be one of {MOGA_RULES} or an optax.GradientTransformation"
             )
         if not isinstance(rule, (str, optax.GradientTransformation)):
             raise ValueError(
@@ -204,13 +205,17 @@ def moga(
         "head": momentum_then(scale_by_row_norm(p, geometry=gmap, fan_scaling=False)),
         "sign": momentum_then(scale_by_sign()),
         "adam": optax.scale_by_adam(
-            b1=momentum, b2=adam_b2, eps=adam_eps,
-            mu_dtype=None if mu_dtype is None else jnp.dtype(mu_dtype), nesterov=nesterov,
+            b1=momentum,
+            b2=adam_b2,
+            eps=adam_eps,
+            mu_dtype=None if mu_dtype is None else jnp.dtype(mu_dtype),
+            nesterov=nesterov,
         ),
     }
     for key, rule in (rules or {}).items():
         if not isinstance(rule, str):
             table[f"custom:{key}"] = rule
+
     def check_rules(paths):
         for key in rules or {}:
             if not any(re.search(key, p) for p in paths):
@@ -220,10 +225,12 @@ def moga(
                     f"'/'-joined paths, which are:\n    {shown})\nFix the regex or drop the rule."
                 )
 
-    return train_float_leaves(optax.chain(
-        geometry_partition(table, _route_fn(variant, rules), gmap, check_paths=check_rules),
-        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-    ))
+    return train_float_leaves(
+        optax.chain(
+            geometry_partition(table, _route_fn(variant, rules), gmap, check_paths=check_rules),
+            *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+        )
+    )
 
 
 def _fan_factor(geom: Geometry, p, q, dtype):
@@ -295,8 +302,10 @@ def rescaled_adamw(
         raise ValueError(f"q must be in (0, inf], got {q!r}")
     gmap = as_geometry_map(geometry)
     mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
-    return train_float_leaves(optax.chain(
-        optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
-        _scale_by_fan_ratio(p, q, gmap),
-        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-    ))
+    return train_float_leaves(
+        optax.chain(
+            optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
+            _scale_by_fan_ratio(p, q, gmap),
+            *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+        )
+    )

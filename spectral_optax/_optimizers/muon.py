@@ -175,13 +175,19 @@ def muon(
     adam_lr = learning_rate if adam_learning_rate is None else adam_learning_rate
 
     def momentum_then(direction):
-        return [ema_momentum(momentum, nesterov=nesterov, mu_dtype=mu_dtype, bias_correction=bias_correction),
-                direction]
+        return [
+            ema_momentum(momentum, nesterov=nesterov, mu_dtype=mu_dtype, bias_correction=bias_correction),
+            direction,
+        ]
 
     # Built once here: validates the Newton-Schulz options at construction.
     orthogonalize = orthogonalize_via_newton_schulz(
-        geometry=gmap, scale=scale, ns_coefficients=ns_coefficients, ns_steps=ns_steps,
-        ns_method=ns_method, compute_dtype=compute_dtype,
+        geometry=gmap,
+        scale=scale,
+        ns_coefficients=ns_coefficients,
+        ns_steps=ns_steps,
+        ns_method=ns_method,
+        compute_dtype=compute_dtype,
     )
     heads = {
         "muon": momentum_then(orthogonalize),
@@ -193,8 +199,14 @@ def muon(
         table[name + ":nodecay"] = optax.chain(*parts, *decay_then_learning_rate(learning_rate, 0.0))
     for name, wd in (("adamw", adam_weight_decay), ("adamw:nodecay", 0.0)):
         table[name] = optax.adamw(
-            adam_lr, b1=adam_b1, b2=adam_b2, eps=adam_eps, eps_root=adam_eps_root, weight_decay=wd,
-            mu_dtype=mu_dtype, nesterov=adam_nesterov,
+            adam_lr,
+            b1=adam_b1,
+            b2=adam_b2,
+            eps=adam_eps,
+            eps_root=adam_eps_root,
+            weight_decay=wd,
+            mu_dtype=mu_dtype,
+            nesterov=adam_nesterov,
         )
     for key, value in routes.items():
         if isinstance(value, optax.GradientTransformation):
@@ -209,9 +221,14 @@ def muon(
     skip_decay = is_literal_zero(weight_decay) and is_literal_zero(adam_weight_decay)
     split = None
     if not skip_decay:
-        split = _decay_mask_fn(weight_decay_mask) if weight_decay_mask is not None else (
-            lambda params: jax.tree.map(lambda g: g.kind != "vector", gmap.tree(params),
-                                        is_leaf=lambda x: isinstance(x, Geometry))
+        split = (
+            _decay_mask_fn(weight_decay_mask)
+            if weight_decay_mask is not None
+            else (
+                lambda params: jax.tree.map(
+                    lambda g: g.kind != "vector", gmap.tree(params), is_leaf=lambda x: isinstance(x, Geometry)
+                )
+            )
         )
     return train_float_leaves(geometry_partition(table, route_of, gmap, split=split))
 
@@ -264,8 +281,10 @@ def contrib_muon(
     if consistent_rms is None:
         scale: Any = "muon"
     else:
+
         def scale(g: Geometry):
             return consistent_rms * max(g.d_in, g.d_out) ** 0.5
+
     return muon(
         learning_rate,
         momentum=beta,

@@ -71,11 +71,13 @@ def spectral_sgd(
       Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning".
     """
     gmap = as_geometry_map(geometry)
-    return train_float_leaves(optax.chain(
-        _momentum(momentum, nesterov),
-        scale_by_spectral_norm(method=method, power_iterations=power_iterations, geometry=gmap),
-        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-    ))
+    return train_float_leaves(
+        optax.chain(
+            _momentum(momentum, nesterov),
+            scale_by_spectral_norm(method=method, power_iterations=power_iterations, geometry=gmap),
+            *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+        )
+    )
 
 
 def mup_sgd(
@@ -108,11 +110,13 @@ def mup_sgd(
       Yang, Simon, Bernstein (2023), Parametrization 1; Yang et al. (2021), muP.
     """
     gmap = as_geometry_map(geometry)
-    return train_float_leaves(optax.chain(
-        _momentum(momentum, nesterov),
-        scale_by_parametrization1("sgd", base=base, geometry=gmap),
-        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-    ))
+    return train_float_leaves(
+        optax.chain(
+            _momentum(momentum, nesterov),
+            scale_by_parametrization1("sgd", base=base, geometry=gmap),
+            *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+        )
+    )
 
 
 def mup_adamw(
@@ -146,8 +150,10 @@ def mup_adamw(
       Yang et al. (2021), "Tensor Programs V", Table 3; Loshchilov & Hutter (2019).
     """
     gmap = as_geometry_map(geometry)
-    return train_float_leaves(optax.chain(
-        optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
-        scale_by_parametrization1("adam", base=base, geometry=gmap),
-        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-    ))
+    return train_float_leaves(
+        optax.chain(
+            optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+            scale_by_parametrization1("adam", base=base, geometry=gmap),
+            *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+        )
+    )

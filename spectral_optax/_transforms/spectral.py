@@ -102,8 +102,9 @@ def scale_by_spectral_norm(
         count = jnp.zeros([], jnp.int32)
         vectors = [jnp.zeros((0,), jnp.float32)]
         if method == "power":
-            flat = jax.tree_util.tree_leaves(map_with_geometry(lambda g, x: g, geometry, params),
-                                             is_leaf=lambda x: isinstance(x, Geometry))
+            flat = jax.tree_util.tree_leaves(
+                map_with_geometry(lambda g, x: g, geometry, params), is_leaf=lambda x: isinstance(x, Geometry)
+            )
             for g in flat:
                 if isinstance(g, Geometry) and g.kind == "matrix":
                     key = jax.random.fold_in(jax.random.key(0), len(vectors) - 1)
