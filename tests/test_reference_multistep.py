@@ -340,3 +340,26 @@ def test_contrib_muon_matches_optax_contrib_muon(kwargs):
     if not kwargs:
         other = run(so.muon(0.05, scale="spectral"), params, grads)
         assert not np.allclose(other[0]["a"], want[0]["a"], rtol=1e-3)
+
+
+# ----------------------------------------------------------------- geometry overrides reach every route
+@pytest.mark.parametrize("name", ["muon", "moga", "spectral_sgd", "mup_sgd", "mup_adamw", "rescaled_adamw"])
+def test_geometry_override_equals_separate_dense_layers(name):
+    """A stacked (3, 4, 5) leaf declared by override equals three separate 4 -> 5 Dense kernels.
+
+    Without the override the leaf would take the element-wise fallback, so an optimizer that
+    dropped its ``geometry=`` argument anywhere fails here.
+    """
+    make = {"muon": so.muon, "moga": so.moga, "spectral_sgd": so.spectral_sgd, "mup_sgd": so.mup_sgd,
+            "mup_adamw": so.mup_adamw, "rescaled_adamw": so.rescaled_adamw}[name]
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((3, 4, 5))
+    stacked = {"blocks": {"w": w}}
+    separate = {f"Dense_{i}": {"kernel": w[i]} for i in range(3)}
+    override = {r"blocks/w$": {"kind": "matrix", "fan_in_axes": (1,), "fan_out_axes": (2,)}}
+    gs = [rng.standard_normal((3, 4, 5)) for _ in range(3)]
+    got = run(make(0.01, geometry=override), stacked, [{"blocks": {"w": g}} for g in gs])
+    want = run(make(0.01), separate, [{f"Dense_{i}": {"kernel": g[i]} for i in range(3)} for g in gs])
+    for a, b in zip(got, want):
+        for i in range(3):
+            np.testing.assert_allclose(a["blocks"]["w"][i], b[f"Dense_{i}"]["kernel"], rtol=1e-5, atol=1e-7)
