@@ -363,3 +363,45 @@ def test_geometry_override_equals_separate_dense_layers(name):
     for a, b in zip(got, want):
         for i in range(3):
             np.testing.assert_allclose(a["blocks"]["w"][i], b[f"Dense_{i}"]["kernel"], rtol=1e-5, atol=1e-7)
+
+
+# ----------------------------------------------------------------- tests added for surviving mutants
+@pytest.mark.parametrize("q", [np.inf, 3.0])
+def test_injected_column_exponent_equals_static(q):
+    """A traced q (inject_hyperparams) takes the traced conjugate-exponent path; it must equal
+    the static one and the float64 column dual."""
+    rng = np.random.default_rng(12)
+    g = {"Dense_0": {"kernel": jnp.asarray(rng.standard_normal((6, 5)), jnp.float32)}}
+    static = so.scale_by_col_norm(q)
+    injected = optax.inject_hyperparams(so.scale_by_col_norm)(q=q)
+    a, _ = static.update(g, static.init(g))
+    b, _ = injected.update(g, injected.init(g))
+    m = np.asarray(g["Dense_0"]["kernel"], np.float64)
+    want = np.sign(m) / m.shape[0] if np.isinf(q) else col_dual(m, q)
+    np.testing.assert_allclose(a["Dense_0"]["kernel"], want, rtol=1e-5)
+    np.testing.assert_allclose(b["Dense_0"]["kernel"], want, rtol=1e-5)
+
+
+def test_spectral_sgd_power_method_against_svd():
+    """method='power' divides by sigma_max (float64 SVD), not by the Frobenius norm."""
+    rng = np.random.default_rng(13)
+    u, v = rng.standard_normal((6, 1)), rng.standard_normal((1, 9))
+    g = 5.0 * u @ v + rng.standard_normal((6, 9))  # a clear spectral gap: power iteration converges
+    params = {"Dense_0": {"kernel": np.zeros((6, 9))}}
+    got = run(so.spectral_sgd(0.1, momentum=None, method="power"), params, [{"Dense_0": {"kernel": g}}])
+    want = -0.1 * np.sqrt(9 / 6) * g / np.linalg.svd(g, compute_uv=False)[0]
+    np.testing.assert_allclose(got[0]["Dense_0"]["kernel"], want, rtol=1e-4, atol=1e-6)
+    state = so.scale_by_spectral_norm(method="power").init(params)
+    assert state.right_vectors.shape == (9,)  # one (num_slices x d_out) block per matrix, flattened
+    assert so.scale_by_spectral_norm().init(params).right_vectors.shape == (0,)
+    with pytest.raises(ValueError, match="initial_power_iterations must be >= 1"):
+        so.scale_by_spectral_norm(method="power", initial_power_iterations=0)
+
+
+def test_mup_adamw_documented_defaults():
+    """b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4 on matrices and embeddings (not vectors)."""
+    params = model()
+    grads = grads_seq(params, seed=14)
+    adam = stateful(lambda k: AdamRef(0.9, 0.999, 1e-8))
+    want = reference(params, grads, lambda k, g: adam(k)(g), 0.01, 1e-4, lambda k: KIND[k] != "vector")
+    check(run(so.mup_adamw(0.01, base=params), params, grads), want)
