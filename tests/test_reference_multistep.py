@@ -357,9 +357,13 @@ def test_geometry_override_equals_separate_dense_layers(name):
     stacked = {"blocks": {"w": w}}
     separate = {f"Dense_{i}": {"kernel": w[i]} for i in range(3)}
     override = {r"blocks/w$": {"kind": "matrix", "fan_in_axes": (1,), "fan_out_axes": (2,)}}
+    kw_stacked, kw_separate = {}, {}
+    if name.startswith("mup"):  # a base at another width, read through the same override
+        kw_stacked = {"base": {"blocks": {"w": np.zeros((3, 2, 5))}}}
+        kw_separate = {"base": {f"Dense_{i}": {"kernel": np.zeros((2, 5))} for i in range(3)}}
     gs = [rng.standard_normal((3, 4, 5)) for _ in range(3)]
-    got = run(make(0.01, geometry=override), stacked, [{"blocks": {"w": g}} for g in gs])
-    want = run(make(0.01), separate, [{f"Dense_{i}": {"kernel": g[i]} for i in range(3)} for g in gs])
+    got = run(make(0.01, geometry=override, **kw_stacked), stacked, [{"blocks": {"w": g}} for g in gs])
+    want = run(make(0.01, **kw_separate), separate, [{f"Dense_{i}": {"kernel": g[i]} for i in range(3)} for g in gs])
     for a, b in zip(got, want):
         for i in range(3):
             np.testing.assert_allclose(a["blocks"]["w"][i], b[f"Dense_{i}"]["kernel"], rtol=1e-5, atol=1e-7)
@@ -405,3 +409,49 @@ def test_mup_adamw_documented_defaults():
     adam = stateful(lambda k: AdamRef(0.9, 0.999, 1e-8))
     want = reference(params, grads, lambda k, g: adam(k)(g), 0.01, 1e-4, lambda k: KIND[k] != "vector")
     check(run(so.mup_adamw(0.01, base=params), params, grads), want)
+
+
+@pytest.mark.parametrize("p", [2.0, 2.5, 3.0, 3.7])
+def test_row_dual_exponent_paths_against_float64(p):
+    """p = 2 (normalization), half-integer, integer and general (exp-log) exponent paths."""
+    rng = np.random.default_rng(15)
+    m = rng.standard_normal((7, 5))
+    tx = so.scale_by_row_norm(p)
+    g = {"Dense_0": {"kernel": jnp.asarray(m, jnp.float32)}}
+    out, _ = tx.update(g, tx.init(g))
+    np.testing.assert_allclose(out["Dense_0"]["kernel"], row_dual(m, p), rtol=2e-5, atol=1e-7)
+    with pytest.raises(ValueError):
+        so.lp_dual_direction(jnp.ones((3, 4)), 2.0, axis=1)  # needs the (slices, d_in, d_out) view
+
+
+def test_rescaled_adamw_injected_exponents_geometry_decay_and_q_range():
+    params = model()
+    grads = grads_seq(params, seed=16)
+    geometry = {r"Dense_1/kernel$": "vector"}  # declared a vector: fan factor 1 and no decay
+    static = so.rescaled_adamw(0.01, p=2.0, q=2.0, weight_decay=0.5, geometry=geometry)
+    injected = optax.inject_hyperparams(so.rescaled_adamw)(learning_rate=0.01, p=2.0, q=2.0, weight_decay=0.5,
+                                                           geometry=geometry)
+    adam = stateful(lambda k: AdamRef(0.9, 0.999, 1e-8))
+
+    def direction(k, g):
+        s = 1.0
+        if KIND[k] in ("hidden", "output") and k != "['Dense_1']['kernel']":
+            s = g.shape[1] ** 0.5 / g.shape[0] ** 0.5
+        return s * adam(k)(g)
+
+    def decay(k):
+        return KIND[k] != "vector" and k != "['Dense_1']['kernel']"
+
+    want = reference(params, grads, direction, 0.01, 0.5, decay)
+    check(run(static, params, grads), want)
+    check(run(injected, params, grads), want)
+    so.rescaled_adamw(0.01, q=0.5)  # 0 < q <= 1 is valid
+
+
+def test_mup_adamw_absolute_multipliers_without_base():
+    """base=None: the absolute muP multiplier 1 / n_in (n_in = d_in for matrices, 1 otherwise)."""
+    params = model()
+    grads = grads_seq(params, seed=17)
+    adam = stateful(lambda k: AdamRef(0.9, 0.999, 1e-8))
+    want = reference(params, grads, lambda k, g: adam(k)(g) / n_in(KIND[k], g.shape), 0.01, 0.0, lambda k: False)
+    check(run(so.mup_adamw(0.01, weight_decay=0.0), params, grads), want)
