@@ -215,6 +215,7 @@ def test_every_learning_rate_accepts_a_schedule(name):
                 assert_trees_close(u, uc, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["muon", "moga", "mup_adamw", "spectral_sgd"])
 def test_multisteps_accumulates_the_mean_gradient(name):
     params = flax_tree()
@@ -234,6 +235,7 @@ def test_multisteps_accumulates_the_mean_gradient(name):
 
 
 # ------------------------------------------------------------------ dtypes and state stability
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_params_dtype_and_state_stable_across_steps_and_cond(name, dtype):
