@@ -31,13 +31,17 @@ import json
 import os
 import time
 
-import numpy as np
-import optax
+from benchmarks import _devices
 
-import spectral_optax as so
-from benchmarks import _common
-from spectral_optax import lab
-from spectral_optax.nn.linen import ResidualMLP
+_devices.early_flags()  # --devices N: before JAX starts
+
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+import spectral_optax as so  # noqa: E402
+from benchmarks import _common  # noqa: E402
+from spectral_optax import lab  # noqa: E402
+from spectral_optax.nn.linen import ResidualMLP  # noqa: E402
 
 
 def _optimizers(ns_dtype=None):
@@ -103,7 +107,9 @@ def main(argv=None):
         choices=("float32", "bfloat16"),
         help="numerics of the models and of Muon's iteration, the same on every backend",
     )
+    _devices.add_arguments(p)
     args = p.parse_args(argv)
+    devices = _devices.setup(args)
 
     preset = args.preset or ("quick" if args.quick else "default")
     cfg = dict(PRESETS[preset])
@@ -144,6 +150,7 @@ def main(argv=None):
                     seeds,
                     results_path,
                     key,
+                    devices,
                 )
             results[key] = res
             s = res.summary()
@@ -154,11 +161,14 @@ def main(argv=None):
                 f"best LR {best}; at edge {s['at_edge']}; diverged {s['diverged']}",
                 flush=True,
             )
-        _figure(
-            name, results[f"{name}/unscaled"], results[f"{name}/scaled"], os.path.join(args.out, f"depth_{name}.png")
-        )
+        if _devices.is_writer():  # multi-host: process 0 writes figures and the JSON
+            _figure(
+                name, results[f"{name}/unscaled"], results[f"{name}/scaled"],
+                os.path.join(args.out, f"depth_{name}.png"),
+            )
 
-    _best_lr_figure(summary, os.path.join(args.out, "depth_best_lr.png"))
+    if _devices.is_writer():
+        _best_lr_figure(summary, os.path.join(args.out, "depth_best_lr.png"))
     table = _table(summary, cfg["depths"])
     print(table)
     payload = {
@@ -180,7 +190,7 @@ def main(argv=None):
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "environment": _common.environment(),
     }
-    if args.json:
+    if args.json and _devices.is_writer():
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(_jsonable(payload), f, indent=1)
@@ -188,7 +198,7 @@ def main(argv=None):
     return payload
 
 
-def _sweep(make, factory, cfg, grid, data, seeds, results_path, key):
+def _sweep(make, factory, cfg, grid, data, seeds, results_path, key, devices=None):
     return lab.sweep(
         make,
         factory,
@@ -202,6 +212,7 @@ def _sweep(make, factory, cfg, grid, data, seeds, results_path, key):
         name=key,
         size_name="depth",
         progress=False,
+        devices=devices,
     )
 
 

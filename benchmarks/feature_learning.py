@@ -1,23 +1,29 @@
 """Feature learning vs width: the training experiment of the spectral-condition paper.
 
-Bias-free ReLU MLP ``64 -> n -> n -> 1`` trained full batch on 200 digits
-(3 vs 8, +-1 targets, loss ``0.5 (f - y)^2``) with global LR 0.1, under
-muP (Parametrization 1: std ``sqrt(2)/sqrt(d_in) * min(1, sqrt(d_out/d_in))``,
-LR ``0.1 * d_out/d_in``) and NTP (standard init, LR ``proportional to 1/d_in``),
-the two coinciding exactly at width 1. After training, relative to init:
+Bias-free ReLU MLP ``d0 -> n -> n -> 1`` trained full batch on a binary task
+(+-1 targets, loss ``0.5 (f - y)^2``) with global LR 0.1, under muP
+(Parametrization 1: std ``sqrt(2)/sqrt(d_in) * min(1, sqrt(d_out/d_in))``,
+LR ``0.1 * d_out/d_in``) and NTP (standard init, LR ``proportional to
+1/d_in``), the two coinciding exactly at width 1. Data: 200 bundled digits,
+3 vs 8 (``d0 = 64``), or, with ``--data cifar10:DIR``, CIFAR-10 airplane vs
+automobile (``d0 = 3072``, the paper's pair) read from the binary batch files
+in DIR. After training, relative to init:
 
 1. relative change of the layer-2 preactivations ``||dz2|| / ||z2||``;
 2. ``||dW2||_* / ||W2||_*`` (spectral);
 3. ``||dW2||_F / ||W2||_F`` (Frobenius);
 4. final-layer alignment ``|f| / (||w_out|| ||h2||)``.
 
-Log-log slopes over widths >= 64 are fitted and printed, next to the final
-training losses. Predicted: muP feature and spectral change flat (slope 0),
-NTP slope -1/2; Frobenius change slope -1/2 (muP) and -1 (NTP).
+Log-log slopes over widths >= 64 are fitted per seed and reported as mean and
+standard deviation over seeds, next to the final training losses.
+Predicted: muP feature and spectral change flat (slope 0), NTP slope -1/2;
+Frobenius change slope -1/2 (muP) and -1 (NTP).
 
-    python -m benchmarks.feature_learning [--quick] [--wide] [--steps N] [--json PATH] [--out DIR]
+    python -m benchmarks.feature_learning [--quick] [--wide] [--seeds N] [--steps N]
+                                          [--data digits|cifar10:DIR] [--json PATH] [--out DIR]
 
-References: Yang, Simon, Bernstein (2023), section 6; docs/math.md section 2.
+References: Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature
+Learning", section 6; docs/math.md section 2.
 """
 
 from __future__ import annotations
@@ -92,6 +98,30 @@ def train_width(n, x, y, steps, seeds, eta=ETA, log_every=100):
     return {k: np.asarray(v, float) for k, v in jax.device_get(out).items()}  # (seeds, 2, ...)
 
 
+def binary_pair(spec: str, classes: tuple[int, int], num_train: int, split_seed: int = 0):
+    """``(x, y)``: ``num_train`` balanced examples of two classes with +-1 targets.
+
+    ``spec``: ``'digits'`` (scikit-learn's bundled 8x8 digits, 64 inputs) or
+    ``'cifar10:DIR'`` (CIFAR-10 binary batches, 3072 inputs standardized per
+    channel by :func:`spectral_optax.lab.cifar`)."""
+    if spec == "digits":
+        data = lab.digits_binary(classes, num_train=num_train, split_seed=split_seed)
+        return data.train[0], data.train[1], data.name
+    data = lab.load(spec, flatten=True)
+    x, labels = data.train
+    a, b = classes
+    rng = np.random.default_rng(split_seed)
+    ia, ib = rng.permutation(np.flatnonzero(labels == a)), rng.permutation(np.flatnonzero(labels == b))
+    half = num_train // 2
+    if min(len(ia), len(ib)) < num_train - half or num_train < 2:
+        raise lab.DataError(
+            f"{spec}: classes {classes} have {len(ia)} and {len(ib)} training examples; "
+            f"num_train={num_train} needs {num_train - half} of each")
+    idx = rng.permutation(np.concatenate([ia[:half], ib[: num_train - half]]))
+    y = np.where(labels[idx] == a, -1.0, 1.0).astype(np.float32)
+    return x[idx].astype(np.float32), y, f"{data.name}_{a}v{b}"
+
+
 def plot(widths, table, curves, path, steps):
     import matplotlib
 
@@ -135,17 +165,23 @@ def main(argv=None):
     p.add_argument("--wide", action="store_true", help="add widths 2048 and 4096")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 1e4, quick 1e3)")
     p.add_argument("--max-width", type=int, default=None)
+    p.add_argument("--widths", default=None, help="comma list of widths (overrides the presets)")
     p.add_argument("--seeds", type=int, default=1)
-    p.add_argument("--classes", default="3,8", help="two digit classes, e.g. 3,8")
+    p.add_argument("--data", default="digits", help="'digits' or 'cifar10:DIR' (binary batch files)")
+    p.add_argument("--classes", default=None, help="two classes (default 3,8 for digits, 0,1 = airplane, "
+                   "automobile for CIFAR-10)")
+    p.add_argument("--num-train", type=int, default=200, help="training examples (full batch)")
     args = p.parse_args(argv)
     steps = args.steps or (1000 if args.quick else 10000)
     widths = [16, 32, 64, 128, 256, 512, 1024] + ([2048, 4096] if args.wide else [])
+    if args.widths:
+        widths = [int(w) for w in args.widths.split(",")]
     max_w = args.max_width or (512 if args.quick else None)
     if max_w:
         widths = [w for w in widths if w <= max_w]
-    classes = tuple(int(c) for c in args.classes.split(","))
-    data = lab.digits_binary(classes, num_train=200)
-    x, y = (jnp.asarray(a) for a in data.train)
+    classes = tuple(int(c) for c in (args.classes or ("3,8" if args.data == "digits" else "0,1")).split(","))
+    x, y, data_name = binary_pair(args.data, classes, args.num_train)
+    x, y = jnp.asarray(x), jnp.asarray(y)
     seeds = list(range(args.seeds))
     log_every = 100 if steps % 100 == 0 else 1
     t0 = time.time()
@@ -166,16 +202,24 @@ def main(argv=None):
             m: _common.loglog_slope(fit_w, [table[pp][m][widths.index(w)] for w in fit_w])
             for m in METRICS + ("final_loss",)
         }
+        # One slope per seed: their spread is the seed spread of the slope.
+        per_seed = {m: [_common.loglog_slope(fit_w, [raw[w][m][k, i] for w in fit_w]) for k in range(len(seeds))]
+                    for m in METRICS + ("final_loss",)}
+        table[pp]["slopes_per_seed"] = per_seed
+        table[pp]["slope_std"] = {m: float(np.std(v)) for m, v in per_seed.items()}
+        table[pp]["std"] = {m: [float(raw[n][m][:, i].std()) for n in widths] for m in METRICS + ("final_loss",)}
         curves[pp] = [raw[n]["curve"][:, i].mean(0).tolist() for n in widths]
 
-    print(f"\nfeature learning: digits {classes[0]} vs {classes[1]}, 200 examples, full batch, "
-          f"LR {ETA}, {steps} steps, {len(seeds)} seed(s); slopes fitted over widths {fit_w}")
-    print(f"{'param':5s} {'metric':20s} " + " ".join(f"{w:>8d}" for w in widths) + "    slope")
+    print(f"\nfeature learning: {data_name} ({classes[0]} vs {classes[1]}), {args.num_train} examples, "
+          f"d0={x.shape[1]}, full batch, LR {ETA}, {steps} steps, {len(seeds)} seed(s); slopes fitted over "
+          f"widths {fit_w} (slope of the seed mean; mean +- std of the per-seed slopes)")
+    print(f"{'param':5s} {'metric':20s} " + " ".join(f"{w:>8d}" for w in widths) + "    slope   per-seed")
     for pp in PARAMS:
         for m in METRICS + ("final_loss",):
             v = table[pp][m]
+            ps = np.array(table[pp]["slopes_per_seed"][m])
             print(f"{pp:5s} {m:20s} " + " ".join(f"{x:8.3g}" for x in v)
-                  + f"   {table[pp]['slopes'][m]:+.3f}")
+                  + f"   {table[pp]['slopes'][m]:+.3f}   {ps.mean():+.3f} +- {ps.std():.3f}")
     s = {pp: table[pp]["slopes"] for pp in PARAMS}
     checks = {
         "muP_feature_slope_in_[-0.15,0.15]": abs(s["muP"]["feature_change"]) <= 0.15,
@@ -188,8 +232,9 @@ def main(argv=None):
     plot(widths, table, curves, fig, steps)
     print(f"figure: {fig}   ({elapsed:.1f} s)")
     _common.write_json(args.json, {
-        "benchmark": "feature_learning", "quick": args.quick, "steps": steps, "lr": ETA,
-        "classes": classes, "seeds": len(seeds), "widths": widths, "fit_widths": fit_w,
+        "benchmark": "feature_learning", "quick": args.quick, "steps": steps, "lr": ETA, "data": data_name,
+        "num_train": args.num_train, "d0": int(x.shape[1]), "classes": classes, "seeds": len(seeds),
+        "widths": widths, "fit_widths": fit_w,
         "results": table, "curves": curves, "checks": checks, "figure": fig,
         "seconds": elapsed, "environment": _common.environment(),
     })

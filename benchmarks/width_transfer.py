@@ -37,11 +37,15 @@ from __future__ import annotations
 import os
 import time
 
-import optax
+from benchmarks import _devices
 
-import spectral_optax as so
-from benchmarks import _common
-from spectral_optax import lab
+_devices.early_flags()  # --devices N: before JAX starts
+
+import optax  # noqa: E402
+
+import spectral_optax as so  # noqa: E402
+from benchmarks import _common  # noqa: E402
+from spectral_optax import lab  # noqa: E402
 
 BASE_WIDTH = 64
 
@@ -109,7 +113,9 @@ def main(argv=None):
         help="numerics of the models and of Muon's iteration, the same on every backend",
     )
     p.add_argument("--no-progress", action="store_true")
+    _devices.add_arguments(p)
     args = p.parse_args(argv)
+    devices = _devices.setup(args)
 
     preset = args.preset or ("quick" if args.quick else "default")
     quick = preset == "quick"
@@ -178,6 +184,7 @@ def main(argv=None):
                 tag=tag,
                 size_name="width",
                 progress=not args.no_progress,
+                devices=devices,
             )
         results[name] = res
         summaries[name] = s = res.summary()
@@ -203,6 +210,8 @@ def main(argv=None):
     if skipped:
         print(f"  (not run, {'--muon-max-width' if args.muon_max_width else 'CPU budget'}: {skipped})")
     fig = os.path.join(args.out, "width_transfer.png")
+    if not _devices.is_writer():  # multi-host: process 0 writes the figure and the JSON
+        return summaries
     lab.plot_sweeps(
         results, fig, suptitle=f"width transfer: {data.name}, {args.model}, {steps} steps x batch {batch_size}"
     )

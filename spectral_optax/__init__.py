@@ -83,6 +83,7 @@ from spectral_optax._transforms.spectral import (
     scale_by_fan_out_rms,
     scale_by_spectral_norm,
 )
+from spectral_optax._transforms.trust_ratio import scale_by_spectral_trust_ratio
 from spectral_optax._transforms.weight_decay import (
     DecoupledWeightDecayState,
     decoupled_weight_decay,
@@ -126,6 +127,7 @@ __all__ = [
     "MUON_QUINTIC", "newton_schulz", "optimal_quintic", "polar_express_coefficients",
     "ScaleBySpectralNormState", "scale_by_spectral_norm", "lr_multiplier", "scale_by_parametrization1",
     "scale_by_col_norm", "scale_by_row_norm", "scale_by_sign", "orthogonalize_via_newton_schulz",
+    "scale_by_spectral_trust_ratio",
     "EmaMomentumState", "ema_momentum", "scale_by_fan_out_rms", "DecoupledWeightDecayState", "decoupled_weight_decay",
     "mup_adamw", "mup_sgd", "spectral_sgd", "MUON_ROUTES", "muon", "contrib_muon", "MOGA_RULES", "moga", "moga_labels",
     "rescaled_adamw",

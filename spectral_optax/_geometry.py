@@ -62,6 +62,8 @@ _OUTPUT_NAME = re.compile(
 _DENSE_NAME = re.compile(r"^(dense|linear)(_\d+)?$", re.IGNORECASE)
 _CONV_NAME = re.compile(r"conv", re.IGNORECASE)
 _QKV_NAME = re.compile(r"^(query|key|value)$", re.IGNORECASE)
+# A fused query/key/value projection: its fan-out is three independent blocks.
+_FUSED_QKV_NAME = re.compile(r"^(qkv|qkv_proj|c_attn|wqkv)$", re.IGNORECASE)
 _VALUE_KEYS = ("value", "raw_value")
 
 
@@ -545,7 +547,8 @@ class GeometryMap:
         role = "output" if _is_output_path(path) else lay.role
         if lay.kind == "vector":
             return Geometry(shape, "vector", (), fan_out, role=role)
-        return Geometry(shape, lay.kind, fan_in, fan_out, role=role)
+        splits = _fused_qkv_splits(path, shape, fan_out) if lay.kind == "matrix" else 1
+        return Geometry(shape, lay.kind, fan_in, fan_out, fan_out_splits=splits, role=role)
 
     def _from_names(self, path: str, shape: tuple[int, ...], shape_of) -> Geometry:
         parts = path.split("/")
@@ -570,6 +573,9 @@ class GeometryMap:
             # A >= 2-D bias / norm scale without a kernel beside it: stacked
             # copies (nn.scan, nnx.vmap) of a vector over its last axis.
             return Geometry(shape, "vector", (), (ndim - 1,) if ndim else (), role=role)
+        if leaf == "kernel" and _FUSED_QKV_NAME.match(parent):
+            splits = _fused_qkv_splits(path, shape, (ndim - 1,))
+            return Geometry(shape, "matrix", (ndim - 2,), (ndim - 1,), fan_out_splits=splits, role=role)
         if ndim == 2:
             return Geometry.matrix(shape, role=role)
         if leaf == "kernel":
@@ -579,8 +585,10 @@ class GeometryMap:
                 return Geometry.matrix(shape, role=role)
             if _QKV_NAME.match(parent):
                 return Geometry(shape, "matrix", (ndim - 3,), (ndim - 2, ndim - 1), role=role)
-            attention_sibling = "/".join(parts[:-2] + ["query", "kernel"])
-            if parent.lower() == "out" and ("attention" in grandparent.lower() or attention_sibling in shape_of):
+            siblings = ("/".join(parts[:-2] + [n, "kernel"]) for n in ("query", "qkv"))
+            if parent.lower() == "out" and (
+                "attention" in grandparent.lower() or any(s in shape_of for s in siblings)
+            ):
                 return Geometry(shape, "matrix", (ndim - 3, ndim - 2), (ndim - 1,), role=role)
         raise UndecidableGeometryError(
             f"cannot infer the geometry of parameter '{path}' with shape {shape}: no Flax naming "
@@ -599,6 +607,15 @@ class GeometryMap:
         flat = _leaves_with_paths(tree)
         geoms = self.resolve([p for p, _ in flat], [tuple(np.shape(x)) for _, x in flat])
         return [(p, g) for (p, _), g in zip(flat, geoms)]
+
+
+def _fused_qkv_splits(path: str, shape: tuple[int, ...], fan_out: tuple[int, ...]) -> int:
+    """3 for the kernel of a fused QKV projection (``.../qkv/kernel``) whose
+    fan-out divides by 3 (query, key and value are separate matrices), else 1."""
+    parts = path.split("/")
+    if len(parts) < 2 or parts[-1] != "kernel" or not _FUSED_QKV_NAME.match(parts[-2]):
+        return 1
+    return 3 if int(np.prod([shape[a] for a in fan_out])) % 3 == 0 else 1
 
 
 def _is_output_path(path: str) -> bool:

@@ -6,12 +6,20 @@ finite results; an all-zero slice has norm 0 and normalizes to 0. The
 largest singular value is estimated by one power iteration shared by the
 spectral dual map (warm-started, a few steps per update) and the diagnostics
 (cold-started, many steps).
+
+Inside ``shard_map`` the reduced axes of an array may be split over mesh
+axes: pass their names as ``axis_name`` and every max becomes a
+``lax.pmax`` and every sum a ``lax.psum`` over them, so the result equals
+the one on the whole array. Without ``axis_name`` the block on each device
+is taken for the whole array (local-only).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from spectral_optax._sharding import on_auto_axes
 
 
 def compute_dtype(x):
@@ -33,35 +41,53 @@ def _nonzero(x):
     return jnp.where(x > 0, x, jnp.ones_like(x))
 
 
-def safe_max_abs(x, axis, keepdims=True):
-    """``max |x|`` over ``axis``, replaced by 1 where it is 0 (so dividing by it is safe)."""
-    return _nonzero(jnp.max(jnp.abs(x), axis=axis, keepdims=keepdims))
+def _pmax(x, axis_name):
+    return x if axis_name is None else jax.lax.pmax(x, axis_name)
 
 
-def safe_norm(x, axis=None):
+def _psum(x, axis_name):
+    return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+
+def _count(x, axis, axis_name):
+    """Number of entries reduced over ``axis`` (on every shard together)."""
+    axes = range(x.ndim) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    return n if axis_name is None else n * jax.lax.psum(1, axis_name)
+
+
+def safe_max_abs(x, axis, keepdims=True, *, axis_name=None):
+    """``max |x|`` over ``axis`` (and the shards of ``axis_name``), replaced by 1 where it is 0."""
+    return _nonzero(_pmax(jnp.max(jnp.abs(x), axis=axis, keepdims=keepdims), axis_name))
+
+
+def safe_norm(x, axis=None, *, axis_name=None):
     """l2 / Frobenius norm over ``axis`` computed as ``max|x| * ||x / max|x|||`` (no overflow)."""
     x = x.astype(compute_dtype(x))
-    peak = safe_max_abs(x, axis)
+    peak = safe_max_abs(x, axis, axis_name=axis_name)
     y = x / peak
-    return jnp.squeeze(peak, axis) * jnp.sqrt(jnp.sum(y * y, axis=axis))
+    return jnp.squeeze(peak, axis) * jnp.sqrt(_psum(jnp.sum(y * y, axis=axis), axis_name))
 
 
-def rms_normalize(x, axis):
+def rms_normalize(x, axis, *, axis_name=None):
     """``x / RMS(x)`` over ``axis`` (RMS = sqrt(mean x^2)); zero slices stay zero.
 
     Computed as ``y / RMS(y)`` with ``y = x / max|x|``, which is exact and
     cannot overflow or underflow.
     """
     x = x.astype(compute_dtype(x))
-    y = x / safe_max_abs(x, axis)
-    return y / _nonzero(jnp.sqrt(jnp.mean(y * y, axis=axis, keepdims=True)))
+    y = x / safe_max_abs(x, axis, axis_name=axis_name)
+    mean = _psum(jnp.sum(y * y, axis=axis, keepdims=True), axis_name) / _count(y, axis, axis_name)
+    return y / _nonzero(jnp.sqrt(mean))
 
 
-def unit_frobenius(x, axis):
+def unit_frobenius(x, axis, *, axis_name=None):
     """``x / ||x||_2`` over ``axis`` (Frobenius for two axes); zero slices stay zero (overflow-safe)."""
     x = x.astype(compute_dtype(x))
-    y = x / safe_max_abs(x, axis)
-    return y / _nonzero(jnp.sqrt(jnp.sum(y * y, axis=axis, keepdims=True)))
+    y = x / safe_max_abs(x, axis, axis_name=axis_name)
+    return y / _nonzero(jnp.sqrt(_psum(jnp.sum(y * y, axis=axis, keepdims=True), axis_name)))
 
 
 def unit_vectors(v, fallback):
@@ -83,16 +109,20 @@ def power_iteration(m: jax.Array, v: jax.Array, num_iterations: int):
       updated unit right vectors. A zero slice gives ``sigma = 0`` and keeps
       its vector.
     """
-    m = m.astype(compute_dtype(m))
-    v = v.astype(m.dtype)
-    v = unit_vectors(v, v)
 
-    def body(_, v):
-        u = jnp.einsum("bio,bo->bi", m, v)
-        return unit_vectors(jnp.einsum("bio,bi->bo", m, u), v)
+    # Explicit meshes: the contractions run over sharded axes, the vectors come back replicated.
+    def run(m, v, num_iterations):
+        m = m.astype(compute_dtype(m))
+        v = unit_vectors(v.astype(m.dtype), v.astype(m.dtype))
 
-    v = jax.lax.fori_loop(0, num_iterations, body, v)
-    return jnp.linalg.norm(jnp.einsum("bio,bo->bi", m, v), axis=-1), v
+        def body(_, v):
+            u = jnp.einsum("bio,bo->bi", m, v)
+            return unit_vectors(jnp.einsum("bio,bi->bo", m, u), v)
+
+        v = jax.lax.fori_loop(0, num_iterations, body, v)
+        return jnp.linalg.norm(jnp.einsum("bio,bo->bi", m, v), axis=-1), v
+
+    return on_auto_axes(run, m, v, num_iterations, num_outputs=2)
 
 
 def top_singular_value(m: jax.Array, method: str = "auto", iters: int = 100) -> jax.Array:

@@ -297,3 +297,59 @@ def test_exported_from_package():
     code = "import spectral_optax; print(spectral_optax.initializers.spectral_orthogonal.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "spectral_orthogonal"
+
+
+# --------------------------------------------------------------------------
+# spectral_normalized: any initializer rescaled to the spectral target.
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "shape, kw, axes",
+    [
+        ((48, 16), {}, ((0,), (1,), ())),
+        ((16, 48), {}, ((0,), (1,), ())),
+        ((3, 3, 4, 6), {}, ((0, 1, 2), (3,), ())),  # conv: d_in = window x in
+        ((5, 12, 10), {"batch_axis": 0}, ((1,), (2,), (0,))),  # 5 stacked matrices
+        ((8, 4, 6), {"out_axis": (-2, -1)}, ((0,), (1, 2), ())),  # DenseGeneral (in, heads, head_dim)
+    ],
+)
+def test_spectral_normalized_hits_the_target_per_slice(shape, kw, axes):
+    base = jax.nn.initializers.uniform(0.3)  # not Gaussian, not centred: the direction is the base's
+    gain = 1.7
+    init = I.spectral_normalized(base, gain=gain, **kw)
+    key = jax.random.key(3)
+    w = np_slices(init(key, shape), *axes)
+    w0 = np_slices(base(key, shape, jnp.float32), *axes)
+    d_in, d_out = w.shape[1:]
+    target = gain * np.sqrt(d_out / d_in)
+    for m, m0 in zip(w, w0):
+        s0 = np.linalg.svd(m0, compute_uv=False)
+        np.testing.assert_allclose(np.linalg.svd(m, compute_uv=False)[0], target, rtol=1e-5)
+        np.testing.assert_allclose(m, m0 * target / s0[0], rtol=1e-4, atol=1e-7)  # same direction
+
+
+def test_spectral_normalized_jit_dtype_flax_and_zeros():
+    init = I.spectral_normalized(jax.nn.initializers.orthogonal(), dtype=jnp.bfloat16)
+    w = jax.jit(lambda k: init(k, (32, 64)))(jax.random.key(0))
+    assert w.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.linalg.svd(np.asarray(w, np.float64), compute_uv=False)[0],
+                               np.sqrt(2.0), rtol=1e-2)
+    layer = nn.Dense(8, kernel_init=I.spectral_normalized(nn.initializers.lecun_normal()))
+    k = layer.init(jax.random.key(1), jnp.ones((1, 20)))["params"]["kernel"]
+    np.testing.assert_allclose(np.linalg.svd(np.asarray(k, np.float64), compute_uv=False)[0],
+                               np.sqrt(8 / 20), rtol=1e-5)
+    z = I.spectral_normalized(jax.nn.initializers.zeros)(jax.random.key(0), (4, 4))
+    np.testing.assert_array_equal(z, 0.0)  # no direction to rescale: stays zero, no NaN
+
+
+def test_spectral_normalized_errors():
+    with pytest.raises(TypeError, match="base_init"):
+        I.spectral_normalized("lecun_normal")
+    init = I.spectral_normalized(jax.nn.initializers.lecun_normal())
+    with pytest.raises(ValueError, match="not a matrix"):
+        init(jax.random.key(0), (8,))
+    nan_init = I.spectral_normalized(lambda k, s, d=jnp.float32: jnp.full(s, jnp.nan, d))
+    with pytest.raises(ValueError, match="non-finite"):
+        nan_init(jax.random.key(0), (4, 4))
+    bad_shape = I.spectral_normalized(lambda k, s, d=jnp.float32: jnp.ones((2, 2), d))
+    with pytest.raises(ValueError, match="returned shape"):
+        bad_shape(jax.random.key(0), (4, 4))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -210,3 +211,47 @@ def test_resume_after_sigkill(tmp_path):
     assert p.returncode == 0 and "RUNS 6" in p.stdout, p.stderr[-2000:]
     recs = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(recs) == 6 and len({(r["size"], r["lr"]) for r in recs}) == 6
+
+
+def _warmup_cosine_np(steps, warmup=0.05):
+    """The schedule written out in NumPy (float64), independent of lab.warmup_cosine."""
+    w = max(1, round(warmup * steps))
+    t = np.arange(steps, dtype=np.float64)
+    cos = 0.5 * (1 + np.cos(np.pi * (t - w) / (steps - w)))
+    return np.where(t < w, (t + 1) / w, cos)
+
+
+def test_warmup_cosine_schedule_matches_closed_form_and_records_val(tmp_path):
+    data = lab.digits_binary()
+    steps, lrs = 40, [0.05, 0.2]
+    m = _warmup_cosine_np(steps)
+    assert m[0] == 0.5 and m.max() == 1.0 and abs(m[-1] - 0.5 * (1 + np.cos(np.pi * 37 / 38))) < 1e-12
+    np.testing.assert_allclose(np.asarray(jax.vmap(lab.warmup_cosine(steps))(jnp.arange(steps))), m,
+                               rtol=1e-6, atol=1e-7)
+    path = tmp_path / "s.jsonl"
+    res = lab.sweep(quadratic_family, lambda lr: optax.sgd(lr), [1, 2], lrs, data, steps=steps,
+                    batch_size=4, results=path, progress=False, name="q", schedule="warmup_cosine",
+                    val_curve=True, chunks=4)
+    assert len(res.runs) == 4
+    for r in res.runs:
+        # p_{t+1} - 3 = (1 - 2 lr m(t) / size) (p_t - 3): loss after t steps = 9 prod_{s<t} c_s^2;
+        # train_loss = mean loss over the last 5% (2) steps, before steps 38 and 39.
+        c2 = np.cumprod((1 - 2 * r["lr"] * m / r["size"]) ** 2)
+        assert r["schedule"] == "warmup_cosine"
+        np.testing.assert_allclose(r["train_loss"], 9 * c2[[37, 38]].mean(), rtol=2e-4, atol=1e-9)
+        np.testing.assert_allclose(r["val_loss"], 9 * c2[steps - 1], rtol=2e-4, atol=1e-9)
+        assert r["val_curve_steps"] == [10, 20, 30, 40]
+        np.testing.assert_allclose(r["val_curve"], 9 * c2[[9, 19, 29, 39]], rtol=2e-4, atol=1e-9)
+        assert r["step_seconds"] > 0
+    both = res.summaries()
+    assert both["train"]["metric"] == "train_loss" and both["val"]["metric"] == "val_loss"
+    # The schedule is part of the resume key: a constant-LR sweep reruns, a scheduled one does not.
+    again = lab.sweep(quadratic_family, lambda lr: optax.sgd(lr), [1, 2], lrs, data, steps=steps,
+                      batch_size=4, results=path, progress=False, name="q", schedule="warmup_cosine")
+    assert [r["val_loss"] for r in again.runs] == [r["val_loss"] for r in res.runs]
+    const = lab.sweep(quadratic_family, lambda lr: optax.sgd(lr), [1, 2], lrs, data, steps=steps,
+                      batch_size=4, results=path, progress=False, name="q")
+    assert all(r["schedule"] == "constant" for r in const.runs) and len(path.read_text().splitlines()) == 8
+    with pytest.raises(ValueError, match="schedule"):
+        lab.sweep(quadratic_family, lambda lr: optax.sgd(lr), [1], lrs, data, steps=steps, batch_size=4,
+                  progress=False, schedule="linear")

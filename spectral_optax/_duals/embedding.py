@@ -25,14 +25,16 @@ import jax
 from spectral_optax._numerics import rms_normalize
 
 
-def normalize_fan_out_rms(m: jax.Array) -> jax.Array:
+def normalize_fan_out_rms(m: jax.Array, *, axis_name=None) -> jax.Array:
     """Scale every fan-in index's fan-out vector to RMS 1.
 
     Args:
       m: the canonical view ``(num_slices, d_in, d_out)`` of a gradient.
+      axis_name: inside ``shard_map``, the mesh axes splitting the fan-out
+        axis (axis 2); the RMS is reduced over them. ``None``: ``m`` is whole.
 
     Returns:
       ``m[s, j, :] / RMS(m[s, j, :])`` in ``m``'s dtype; all-zero rows stay
       zero (no NaN), magnitudes from 1e-30 to 1e30 stay finite.
     """
-    return rms_normalize(m, axis=-1).astype(m.dtype)
+    return rms_normalize(m, axis=-1, axis_name=axis_name).astype(m.dtype)

@@ -253,15 +253,17 @@ def _dot(x, y, contract_x, contract_y, precision):
     )
 
 
-def _standard(x, table, wide: bool, precision):
-    """``X <- a X + (b A + c A^2) X`` with ``A`` on the short side."""
+def _standard(x, table, wide: bool, precision, axis_name=None):
+    """``X <- a X + (b A + c A^2) X`` with ``A`` on the short side (with
+    ``axis_name``: on the side that contracts the split axis, ``psum``-ed)."""
+    psum = (lambda a: a) if axis_name is None else (lambda a: jax.lax.psum(a, axis_name))
     for a, b, c in table:
         if wide:  # (B, m, n), m <= n: A = X X^T (m x m), update B X.
-            gram = _dot(x, x, 2, 2, precision)
+            gram = psum(_dot(x, x, 2, 2, precision))
             poly = b * gram + c * _dot(gram, gram, 2, 1, precision)
             x = a * x + _dot(poly, x, 2, 1, precision)
         else:  # tall: A = X^T X (n x n), update X B.
-            gram = _dot(x, x, 1, 1, precision)
+            gram = psum(_dot(x, x, 1, 1, precision))
             poly = b * gram + c * _dot(gram, gram, 2, 1, precision)
             x = a * x + _dot(x, poly, 2, 1, precision)
     return x
@@ -395,6 +397,8 @@ def newton_schulz(
     method: str = "auto",
     norm_safety: float | None = None,
     precision: Any = None,
+    axis_name: Any = None,
+    sharded_axis: int = -1,
 ) -> jax.Array:
     """Approximate orthogonal polar factor ``U V^T`` of every matrix in ``x``.
 
@@ -439,6 +443,15 @@ def newton_schulz(
       precision: ``jax.lax.Precision`` (or string, or pair) of the matmuls;
         ``None``: :func:`resolve_precision` (``HIGHEST`` for >= 32-bit
         compute, the backend default for bfloat16).
+      axis_name: inside ``shard_map``: the mesh axes (a name or a tuple)
+        over which axis ``sharded_axis`` of every matrix is split. The
+        normalization uses ``pmax`` / ``psum`` over them, and every step
+        forms the Gram matrix by contracting the split axis and ``psum``-s
+        it (``X X^T`` for split columns, ``X^T X`` for split rows), so each
+        device updates its own block and the result equals the unsharded
+        iteration (standard method). ``None``: ``x`` holds whole matrices.
+      sharded_axis: ``-1`` (columns, e.g. a Flax kernel sharded on its
+        fan-out axis) or ``-2`` (rows); used with ``axis_name`` only.
 
     Returns:
       Array of ``x``'s shape and dtype.
@@ -459,6 +472,12 @@ def newton_schulz(
     if xb.shape[0] == 0 or m == 0 or n == 0:
         return jnp.zeros(x.shape, out_dtype)
     spec = resolve_coefficients(coefficients, steps)
+    if axis_name is not None:
+        if callable(spec):
+            raise ValueError("newton_schulz: axis_name needs a coefficient table, not a user function")
+        if sharded_axis not in (-1, -2, x.ndim - 1, x.ndim - 2):
+            raise ValueError(f"sharded_axis must be -1 (columns) or -2 (rows), got {sharded_axis}")
+        sharded_axis = -1 if sharded_axis in (-1, x.ndim - 1) else -2
     if callable(spec):
         fdtype = user_function_dtype(cdtype)
         if precision is None:  # float32 means float32 inside the user's function too
@@ -481,13 +500,21 @@ def newton_schulz(
     ndtype = jnp.promote_types(xb.dtype, jnp.float32)
     xn = xb.astype(ndtype)
     amax = jnp.max(jnp.abs(xn), axis=(1, 2), keepdims=True)
+    if axis_name is not None:
+        amax = jax.lax.pmax(amax, axis_name)
     xn = xn / jnp.where(amax > 0, amax, 1).astype(ndtype)
-    fro = jnp.sqrt(jnp.sum(jnp.square(xn), axis=(1, 2), keepdims=True))
+    sumsq = jnp.sum(jnp.square(xn), axis=(1, 2), keepdims=True)
+    if axis_name is not None:
+        sumsq = jax.lax.psum(sumsq, axis_name)
+    fro = jnp.sqrt(sumsq)
     xn = xn / jnp.where(fro > 0, fro * safety, 1).astype(ndtype)
     xc = xn.astype(cdtype)
 
-    wide = m <= n
     prec = resolve_precision(precision, cdtype)
+    if axis_name is not None:
+        y = _standard(xc, table, sharded_axis == -1, prec, axis_name)
+        return y.astype(out_dtype).reshape(x.shape)
+    wide = m <= n
     if _use_gram(method, m, n, len(table), cdtype, prec):
         y = _gram(xc, table, wide, prec)
     else:

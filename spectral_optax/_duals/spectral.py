@@ -30,9 +30,13 @@ from spectral_optax._numerics import (
 )
 
 
-def frobenius_normalize(m: jax.Array) -> jax.Array:
-    """``G / ||G||_F`` per slice of ``(num_slices, d_in, d_out)``; zero stays zero."""
-    return unit_frobenius(m, axis=(-2, -1)).astype(m.dtype)
+def frobenius_normalize(m: jax.Array, *, axis_name=None) -> jax.Array:
+    """``G / ||G||_F`` per slice of ``(num_slices, d_in, d_out)``; zero stays zero.
+
+    Inside ``shard_map``, ``axis_name`` names the mesh axes splitting the
+    matrix axes of ``m`` (either or both): the norm is reduced over them.
+    """
+    return unit_frobenius(m, axis=(-2, -1), axis_name=axis_name).astype(m.dtype)
 
 
 def spectral_normalize_power(m: jax.Array, v: jax.Array, num_iterations: int):

@@ -94,6 +94,7 @@ def moga(
     adam_b2: float = 0.999,
     adam_eps: float = 1e-8,
     mu_dtype: Any = None,
+    axis_name: Any = None,
 ) -> optax.GradientTransformation:
     """MOGA: EMA momentum, normalized per leaf in its operator norm.
 
@@ -155,6 +156,8 @@ def moga(
       geometry: see :func:`spectral_optax.as_geometry_map`.
       adam_b2, adam_eps: for leaves under the ``'adam'`` rule.
       mu_dtype: momentum dtype (default: the gradient's dtype).
+      axis_name: inside ``shard_map`` / ``pmap``: how the parameters are
+        sharded (a mesh axis name, a ``PartitionSpec`` or their tree; see docs/sharding.md).
 
     Returns:
       An ``optax.GradientTransformation``; works with
@@ -200,9 +203,9 @@ def moga(
 
     # The table {rule -> direction}; p and q are validated once, by the transforms' constructors.
     table = {
-        "row": momentum_then(scale_by_row_norm(p, geometry=gmap), optax.scale(base_factor)),
-        "col": momentum_then(scale_by_col_norm(q, geometry=gmap), optax.scale(base_factor)),
-        "head": momentum_then(scale_by_row_norm(p, geometry=gmap, fan_scaling=False)),
+        "row": momentum_then(scale_by_row_norm(p, geometry=gmap, axis_name=axis_name), optax.scale(base_factor)),
+        "col": momentum_then(scale_by_col_norm(q, geometry=gmap, axis_name=axis_name), optax.scale(base_factor)),
+        "head": momentum_then(scale_by_row_norm(p, geometry=gmap, fan_scaling=False, axis_name=axis_name)),
         "sign": momentum_then(scale_by_sign()),
         "adam": optax.scale_by_adam(
             b1=momentum,

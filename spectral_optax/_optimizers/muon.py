@@ -99,6 +99,8 @@ def muon(
     adam_weight_decay: float = 0.0,
     adam_nesterov: bool = False,
     mu_dtype: Any = None,
+    distribute: bool | None = None,
+    axis_name: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Muon with geometry-aware routing.
 
@@ -158,6 +160,11 @@ def muon(
       adam_weight_decay: AdamW route's decoupled weight decay.
       adam_nesterov: Nesterov form of the AdamW route (``optax.adamw``'s).
       mu_dtype: dtype of the momentum buffers (default: the param's dtype).
+      distribute: spread whole matrices over the mesh's devices for the
+        orthogonalization (default: when the updates are on a mesh); see
+        :func:`spectral_optax.orthogonalize_via_newton_schulz` and docs/sharding.md.
+      axis_name: inside ``shard_map`` / ``pmap``: how the parameters are
+        sharded (a mesh axis name, a ``PartitionSpec`` or their tree).
 
     Returns:
       An ``optax.GradientTransformationExtraArgs``. Works under
@@ -188,10 +195,12 @@ def muon(
         ns_steps=ns_steps,
         ns_method=ns_method,
         compute_dtype=compute_dtype,
+        distribute=distribute,
+        axis_name=axis_name,
     )
     heads = {
         "muon": momentum_then(orthogonalize),
-        "normalize": momentum_then(scale_by_fan_out_rms(geometry=gmap)),
+        "normalize": momentum_then(scale_by_fan_out_rms(geometry=gmap, axis_name=axis_name)),
     }
     table: dict[str, optax.GradientTransformation] = {}
     for name, parts in heads.items():

@@ -20,12 +20,15 @@ from spectral_optax._geometry import (
     map_with_geometry,
     to_matrix,
 )
+from spectral_optax._sharding import AxisName, gathered
 
 
 def dual_map_transform(
-    dual: Callable[[jax.Array], jax.Array], geometry: GeometryLike = None
+    dual: Callable[[jax.Array], jax.Array], geometry: GeometryLike = None, axis_name: AxisName = None
 ) -> optax.GradientTransformationExtraArgs:
-    """A stateless ``GradientTransformation`` applying ``dual`` per leaf on the canonical view."""
+    """A stateless ``GradientTransformation`` applying ``dual`` per leaf on the canonical view.
+
+    ``axis_name`` (inside ``shard_map`` / ``pmap``): see ``spectral_optax._sharding.gathered``."""
     gmap = as_geometry_map(geometry)
 
     def leaf(g, u):
@@ -35,4 +38,4 @@ def dual_map_transform(
         del params, extra_args
         return map_with_geometry(leaf, gmap, updates), state
 
-    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), gathered(update_fn, axis_name))

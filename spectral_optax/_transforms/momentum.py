@@ -62,7 +62,8 @@ def ema_momentum(
     mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
 
     def init_fn(params):
-        mu = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), mu_dtype or p.dtype), params)
+        # zeros_like: the buffers take the parameters' shardings (Explicit meshes, concrete arrays)
+        mu = jax.tree.map(lambda p: jnp.zeros_like(p, dtype=mu_dtype or p.dtype), params)
         return EmaMomentumState(mu, jnp.zeros([], jnp.int32) if bias_correction else None)
 
     def update_fn(updates, state, params=None, **extra_args):

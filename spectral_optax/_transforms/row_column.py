@@ -22,13 +22,14 @@ from spectral_optax._duals.row_column import (
     row_direction,
 )
 from spectral_optax._geometry import GeometryLike
+from spectral_optax._sharding import AxisName
 from spectral_optax._transforms.dual import dual_map_transform
 
 __all__ = ["scale_by_col_norm", "scale_by_row_norm", "scale_by_sign"]
 
 
 def scale_by_row_norm(
-    p: float = 2.0, *, geometry: GeometryLike = None, fan_scaling: bool = True
+    p: float = 2.0, *, geometry: GeometryLike = None, fan_scaling: bool = True, axis_name: AxisName = None
 ) -> optax.GradientTransformation:
     """Steepest descent under the (p,mean) -> inf operator norm (MOGA "row").
 
@@ -53,6 +54,8 @@ def scale_by_row_norm(
         ``{r'qkv/kernel$': dict(kind='matrix', fan_out_splits=3)}``).
       fan_scaling: include the ``d_in^(-1/p)`` factor (False: unit ``l_{p*}``
         fan-in vectors, MOGA's output-head rule).
+      axis_name: inside ``shard_map`` / ``pmap``, how the update blocks are
+        sharded (see :func:`orthogonalize_via_newton_schulz`).
 
     Returns:
       A stateless ``optax.GradientTransformation``; dtypes are preserved
@@ -62,11 +65,11 @@ def scale_by_row_norm(
       docs/math.md section 3; Wong, Xu, Li, Lu (2026).
     """
     check_p(p)
-    return dual_map_transform(lambda m: row_direction(m, p, fan_scaling=fan_scaling), geometry)
+    return dual_map_transform(lambda m: row_direction(m, p, fan_scaling=fan_scaling), geometry, axis_name)
 
 
 def scale_by_col_norm(
-    q: float = 2.0, *, geometry: GeometryLike = None, fan_scaling: bool = True
+    q: float = 2.0, *, geometry: GeometryLike = None, fan_scaling: bool = True, axis_name: AxisName = None
 ) -> optax.GradientTransformation:
     """Steepest descent under the (1,mean) -> (q,mean) operator norm ("column").
 
@@ -84,6 +87,7 @@ def scale_by_col_norm(
       q: output norm exponent, ``1 < q <= inf``.
       geometry: see :func:`scale_by_row_norm`.
       fan_scaling: include the ``d_out^(1/q) / d_in`` factor.
+      axis_name: see :func:`scale_by_row_norm`.
 
     Returns:
       A stateless ``optax.GradientTransformation``.
@@ -92,7 +96,7 @@ def scale_by_col_norm(
       docs/math.md section 3; Wong, Xu, Li, Lu (2026).
     """
     check_q(q)
-    return dual_map_transform(lambda m: column_direction(m, q, fan_scaling=fan_scaling), geometry)
+    return dual_map_transform(lambda m: column_direction(m, q, fan_scaling=fan_scaling), geometry, axis_name)
 
 
 def scale_by_sign() -> optax.GradientTransformation:

@@ -36,20 +36,25 @@ from spectral_optax._geometry import (
     map_with_geometry,
     to_matrix,
 )
+from spectral_optax._sharding import AxisName, gathered
 from spectral_optax._transforms.dual import dual_map_transform
 
 METHODS = ("frobenius", "power")
 
 
-def scale_by_fan_out_rms(*, geometry: GeometryLike = None) -> optax.GradientTransformationExtraArgs:
+def scale_by_fan_out_rms(
+    *, geometry: GeometryLike = None, axis_name: AxisName = None
+) -> optax.GradientTransformationExtraArgs:
     """Every fan-in index's fan-out vector scaled to RMS 1 (the l1 -> RMS dual).
 
     The steepest-descent direction of an embedding table (one-hot inputs);
     for a vector (``d_in = 1``) the whole vector is scaled to RMS 1. This is
     :func:`scale_by_spectral_norm`'s rule for embeddings and vectors, and
-    ``muon``'s ``'normalize'`` route. Stateless.
+    ``muon``'s ``'normalize'`` route. Stateless. ``axis_name``: inside
+    ``shard_map`` / ``pmap``, how the update blocks are sharded (see
+    :func:`orthogonalize_via_newton_schulz`).
     """
-    return dual_map_transform(normalize_fan_out_rms, geometry)
+    return dual_map_transform(normalize_fan_out_rms, geometry, axis_name)
 
 
 class ScaleBySpectralNormState(NamedTuple):
@@ -70,6 +75,7 @@ def scale_by_spectral_norm(
     power_iterations: int = 2,
     initial_power_iterations: int = 20,
     geometry: GeometryLike = None,
+    axis_name: AxisName = None,
 ) -> optax.GradientTransformation:
     """Rescale each update to the spectral condition's norm, per batch slice.
 
@@ -82,6 +88,8 @@ def scale_by_spectral_norm(
       power_iterations: power-iteration steps per update (``method='power'``).
       initial_power_iterations: steps at the first update, from random vectors.
       geometry: geometry overrides, see :func:`spectral_optax.as_geometry_map`.
+      axis_name: inside ``shard_map`` / ``pmap``, how the update blocks are
+        sharded (see :func:`orthogonalize_via_newton_schulz`); ``'frobenius'`` only.
 
     Returns:
       An ``optax.GradientTransformation``.
@@ -91,6 +99,8 @@ def scale_by_spectral_norm(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if axis_name is not None and method != "frobenius":
+        raise ValueError("scale_by_spectral_norm: axis_name (shard_map) works with method='frobenius' only")
     geometry = as_geometry_map(geometry)  # resolved once per tree, shared by init and update
     for name, value in (("power_iterations", power_iterations), ("initial_power_iterations", initial_power_iterations)):
         # Values injected by optax.inject_hyperparams arrive as tracers: they
@@ -136,4 +146,4 @@ def scale_by_spectral_norm(
         count = optax.safe_increment(state.count)
         return new_updates, ScaleBySpectralNormState(count, jnp.concatenate(new_vectors))
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return optax.GradientTransformationExtraArgs(init_fn, gathered(update_fn, axis_name))

@@ -32,6 +32,9 @@ API (all public, used by the benchmarks and reusable for any sweep)::
                     # 5% of steps), val_loss, diverged, curve, ...
     res.summary()   # {'best_lr': {size: lr}, 'spread_steps': x, 'loss_at_best': {...},
                     #  'best_lr_grid', 'at_edge', 'diverged', 'grid_ratio', ...}
+    res.summary('val_loss')  # the same on the held-out loss; res.summaries(): both
+    #   lab.sweep(..., schedule='warmup_cosine'): 5% linear warm-up, cosine to 0,
+    #   the grid over the peak LR (lab.warmup_cosine(steps) is the multiplier).
     res.plot('width.png')                  # loss vs LR, one curve per size, stars at optima
     lab.plot_sweeps({'mup_adamw': res, ...}, 'all.png')
 
@@ -52,6 +55,7 @@ from spectral_optax.lab._data import (
     Dataset,
     cifar,
     digits,
+    digits_augmented,
     digits_binary,
     load,
     text,
@@ -60,18 +64,26 @@ from spectral_optax.lab._models import (
     MLP,
     Model,
     embed_init,
+    gpt_family,
     kernel_init,
     loss_for,
     mlp_family,
+    resnet_family,
 )
 from spectral_optax.lab._plots import plot_sweep, plot_sweeps, savefig
 from spectral_optax.lab._summary import lr_grid, refine_minimum, spread_steps, summarize
-from spectral_optax.lab._sweep import SweepResult, append_run, load_runs, sweep
+from spectral_optax.lab._sweep import (
+    SweepResult,
+    append_run,
+    load_runs,
+    sweep,
+    warmup_cosine,
+)
 
 __all__ = [
-    "DataError", "Dataset", "cifar", "digits", "digits_binary", "load", "text",
-    "MLP", "Model", "embed_init", "kernel_init", "loss_for", "mlp_family",
+    "DataError", "Dataset", "cifar", "digits", "digits_augmented", "digits_binary", "load", "text",
+    "MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family", "resnet_family",
     "plot_sweep", "plot_sweeps", "savefig",
     "SweepResult", "append_run", "load_runs", "lr_grid", "refine_minimum", "spread_steps",
-    "summarize", "sweep",
+    "summarize", "sweep", "warmup_cosine",
 ]

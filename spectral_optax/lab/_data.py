@@ -31,6 +31,7 @@ __all__ = [
     "DataError",
     "Dataset",
     "digits",
+    "digits_augmented",
     "digits_binary",
     "text",
     "cifar",
@@ -56,8 +57,10 @@ class Dataset:
       input_shape: shape of one input example (e.g. ``(64,)``, ``(32, 32, 3)``
         or ``(context,)`` byte ids).
       kind: ``'classification'`` (integer labels), ``'regression'`` (float
-        targets) or ``'bytes'`` (byte ids in ``[0, 256)``, next-byte targets).
-      context: for ``'bytes'``: number of context bytes per example.
+        targets), ``'bytes'`` (byte ids in ``[0, 256)``, next-byte targets) or
+        ``'sequence'`` (byte ids; the targets are the window shifted by one,
+        a next-byte target at every position: language modelling).
+      context: for ``'bytes'`` / ``'sequence'``: bytes of context per example.
     """
 
     name: str
@@ -78,11 +81,11 @@ class Dataset:
         """
         import jax.numpy as jnp
 
-        if self.kind == "bytes":
+        if self.kind in ("bytes", "sequence"):
             (stream,) = arrays
             pos = idx[..., None] + jnp.arange(self.context + 1)
             window = jnp.asarray(stream)[pos].astype(jnp.int32)
-            return window[..., :-1], window[..., -1]
+            return window[..., :-1], window[..., 1:] if self.kind == "sequence" else window[..., -1]
         x, y = arrays
         return jnp.asarray(x)[idx], jnp.asarray(y)[idx]
 
@@ -90,10 +93,10 @@ class Dataset:
         """Host (NumPy) version of :meth:`batch` for ``split`` in train/val."""
         arrays = self.train if split == "train" else self.val
         idx = np.asarray(idx)
-        if self.kind == "bytes":
+        if self.kind in ("bytes", "sequence"):
             (stream,) = arrays
             window = stream[idx[..., None] + np.arange(self.context + 1)].astype(np.int32)
-            return window[..., :-1], window[..., -1]
+            return window[..., :-1], window[..., 1:] if self.kind == "sequence" else window[..., -1]
         x, y = arrays
         return x[idx], y[idx]
 
@@ -136,6 +139,58 @@ def digits(*, num_val: int = 297, split_seed: int = 0) -> Dataset:
     xt, xv = (xt - mean) / std, (xv - mean) / std
     return Dataset(
         "digits", (xt, yt), (xv, yv), len(xt), len(xv), 10, (64,), "classification"
+    )
+
+
+def digits_augmented(
+    *, copies: int = 8, pad: int = 1, noise: float = 0.2, num_val: int = 297, split_seed: int = 0,
+    seed: int = 0,
+) -> Dataset:
+    """The 8x8 digits as ``(8 + 2 pad, 8 + 2 pad, 1)`` images, augmented to be hard.
+
+    Every image (pixels scaled to ``[0, 1]``) is zero-padded by ``pad`` and
+    placed at a random offset (a translation of up to ``pad`` pixels each
+    way), multiplied by a random contrast in ``[0.5, 1.5]`` and added
+    i.i.d. ``N(0, noise^2)`` pixel noise; ``copies`` such versions of each
+    training image (and one of each validation image) are drawn once, with a
+    fixed ``seed``. The validation images are held-out digits (the split of
+    :func:`digits`), so the validation loss measures generalization, and a
+    few hundred steps see each augmented example about once: the train loss
+    stays well above 0 at every LR (the best LR is well defined). (Measured
+    2026-11-29: a width-8 ResNet with one block per stage reaches validation
+    loss 1.18 after 80 Muon steps at batch 32 with the defaults, 0.19 on the
+    un-augmented digits; with ``pad=2, noise=0.35`` it stays at chance.)
+
+    Returns:
+      a :class:`Dataset` with ``input_shape=(8 + 2 pad, 8 + 2 pad, 1)``,
+      standardized with the training mean and standard deviation.
+    """
+    x, y = _digits_raw()
+    perm = np.random.default_rng(split_seed).permutation(len(x))
+    x, y = x[perm].reshape(-1, 8, 8) / 16.0, y[perm]
+    if not 0 < num_val < len(x):
+        raise DataError(f"digits_augmented: num_val must be in (0, {len(x)}), got {num_val}")
+    if copies < 1 or pad < 0 or noise < 0:
+        raise DataError(f"digits_augmented: need copies >= 1, pad >= 0, noise >= 0; got {copies}, {pad}, {noise}")
+    rng = np.random.default_rng(seed)
+
+    def augment(imgs, n):
+        imgs = np.repeat(imgs, n, axis=0)
+        size = 8 + 2 * pad
+        out = np.zeros((len(imgs), size, size), np.float32)
+        dx, dy = rng.integers(0, 2 * pad + 1, (2, len(imgs)))
+        for i, img in enumerate(imgs):
+            out[i, dy[i]:dy[i] + 8, dx[i]:dx[i] + 8] = img
+        out *= rng.uniform(0.5, 1.5, (len(imgs), 1, 1)).astype(np.float32)
+        out += noise * rng.standard_normal(out.shape).astype(np.float32)
+        return out[..., None]
+
+    xt, yt = augment(x[:-num_val], copies), np.repeat(y[:-num_val], copies)
+    xv, yv = augment(x[-num_val:], 1), y[-num_val:]
+    mean, std = float(xt.mean()), float(xt.std())
+    xt, xv = (xt - mean) / std, (xv - mean) / std
+    return Dataset(
+        "digits_aug", (xt, yt), (xv, yv), len(xt), len(xv), 10, xt.shape[1:], "classification"
     )
 
 
@@ -203,19 +258,25 @@ def _read_text_file(path: str) -> bytes:
 
 
 def text(
-    path: str | os.PathLike | None = None, *, context: int = 8, val_fraction: float = 0.1
+    path: str | os.PathLike | None = None, *, context: int = 8, val_fraction: float = 0.1,
+    sequence: bool = False,
 ) -> Dataset:
     """Byte-level next-byte prediction.
 
     Examples are windows of ``context`` bytes predicting the next byte (256
     classes). The first ``1 - val_fraction`` of the bytes are training data,
     the rest validation (a contiguous split, so no window straddles both).
+    With ``sequence=True`` the target is the window shifted by one byte
+    (``x = s[i:i+T]``, ``y = s[i+1:i+T+1]``: every position predicts its next
+    byte, the language-modelling task of a causal decoder; kind
+    ``'sequence'``).
 
     Args:
       path: a UTF-8 text file; ``None`` uses Python's bundled documentation
         (``pydoc_data.topics``, ~465 kB).
       context: bytes of context per example.
       val_fraction: fraction of the bytes held out for validation.
+      sequence: targets at every position (see above).
     """
     if path is None:
         raw, name = _pydoc_bytes(), "pydoc"
@@ -235,8 +296,10 @@ def text(
             f"val_fraction={val_fraction}; expected a UTF-8 text file of at least "
             f"{int(2 * (context + 1) / min(val_fraction, 1 - val_fraction)) + 1} bytes"
         )
+    kind = "sequence" if sequence else "bytes"
     return Dataset(
-        f"text:{name}", (tr,), (va,), n_tr, n_va, 256, (context,), "bytes", context=context
+        f"{'seq' if sequence else 'text'}:{name}", (tr,), (va,), n_tr, n_va, 256, (context,), kind,
+        context=context,
     )
 
 
@@ -331,17 +394,21 @@ def cifar(
     )
 
 
-def load(spec: str = "text", *, context: int = 8, flatten: bool = True) -> Dataset:
+def load(spec: str = "text", *, context: int = 8, flatten: bool = True, sequence: bool = False) -> Dataset:
     """Load a dataset by a short command-line spec.
 
-    ``'text'`` (embedded pydoc text), ``'digits'``, ``'text:PATH'`` (a UTF-8
+    ``'text'`` (embedded pydoc text), ``'digits'``, ``'digits_aug'``
+    (:func:`digits_augmented`), ``'text:PATH'`` (a UTF-8
     file), ``'cifar10:DIR'`` / ``'cifar100:DIR'`` (binary batch files).
+    ``sequence=True``: text as a language-modelling task (see :func:`text`).
     """
     kind, _, arg = spec.partition(":")
     if kind == "text":
-        return text(arg or None, context=context)
+        return text(arg or None, context=context, sequence=sequence)
     if kind == "digits":
         return digits()
+    if kind == "digits_aug":
+        return digits_augmented()
     if kind in ("cifar10", "cifar100"):
         if not arg:
             raise DataError(f"'{spec}': give the directory, e.g. '{kind}:/data/cifar'")

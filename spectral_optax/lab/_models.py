@@ -33,7 +33,8 @@ import optax
 
 from spectral_optax.initializers import spectral_embedding, spectral_normal
 
-__all__ = ["MLP", "Model", "embed_init", "kernel_init", "loss_for", "mlp_family"]
+__all__ = ["MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family",
+           "resnet_family"]
 
 INITS = ("spectral", "standard")
 
@@ -220,5 +221,86 @@ def mlp_family(
             parametrization=init, **mlp_kwargs,
         )
         return Model.from_linen(module, example_x, loss)
+
+    return family
+
+
+def gpt_family(
+    data, *, vary: str = "depth", width: int = 64, depth: int = 2, num_heads: int | None = None,
+    head_dim: int = 16, scaled: bool = True, base_blocks: int = 2, init: str = "spectral",
+    qkv: str = "fused", dtype: Any = None, **transformer_kwargs,
+) -> Callable[[int], Model]:
+    """``size -> Model``: GPT-style decoders (:class:`spectral_optax.nn.linen.Transformer`)
+    on a ``'sequence'`` dataset (``lab.text(..., sequence=True)``), varying
+    ``'depth'`` (K blocks) or ``'width'``.
+
+    Args:
+      data: a lab dataset of kind ``'sequence'`` (targets at every position).
+      vary: ``'depth'`` or ``'width'``; width, depth: the fixed other one.
+      num_heads: attention heads (default ``width // head_dim``).
+      scaled: branches ``h + (base_blocks / K) f(h)`` (True) or ``h + f(h)``.
+      init: ``'spectral'`` (Parametrization 1: kernels
+        ``spectral_normal(gain=1)``, embeddings ``N(0, 1)``) or ``'standard'``
+        (Flax defaults).
+      qkv: ``'fused'`` or ``'split'``.
+      dtype: computation dtype (e.g. ``jnp.bfloat16`` on accelerators;
+        parameters stay float32).
+    """
+    from spectral_optax.nn.linen import Transformer
+
+    if vary not in ("width", "depth"):
+        raise ValueError(f"vary must be 'width' or 'depth', got {vary!r}")
+    if data.kind != "sequence":
+        raise ValueError(f"gpt_family needs a 'sequence' dataset (lab.text(..., sequence=True)), "
+                         f"got kind {data.kind!r}")
+    example_x, _ = data.numpy_batch("train", [0])
+    inits = {}
+    if init == "spectral":
+        inits = {"kernel_init": kernel_init("spectral", gain=1.0), "embedding_init": embed_init("spectral")}
+    elif init != "standard":
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+
+    def family(size: int) -> Model:
+        w, d = (size, depth) if vary == "width" else (width, size)
+        module = Transformer(
+            vocab_size=data.num_outputs, features=w, num_blocks=d,
+            num_heads=num_heads or max(1, w // head_dim), max_len=data.context,
+            base_blocks=base_blocks, alpha=None if scaled else 1.0, qkv=qkv, dtype=dtype,
+            **inits, **transformer_kwargs,
+        )
+        return Model.from_linen(module, example_x, "xent")
+
+    return family
+
+
+def resnet_family(
+    data, *, vary: str = "depth", width: int = 16, depth: int = 2, scaled: bool = True,
+    base_blocks: int = 2, init: str = "spectral", dtype: Any = None,
+) -> Callable[[int], Model]:
+    """``size -> Model``: CIFAR-style ResNets (:class:`spectral_optax.nn.linen.ResNet`,
+    K blocks per stage) on an image dataset (``(H, W, C)`` inputs, e.g.
+    ``lab.digits_augmented()`` or ``lab.cifar(dir)``), varying ``'depth'`` (K)
+    or ``'width'`` (the first stage's channels).
+
+    ``scaled``: branches ``h + (base_blocks / K) f(h)`` or ``h + f(h)``;
+    ``init``: ``'spectral'`` (``spectral_normal(gain=sqrt 2)`` kernels, conv
+    fan-in = window x in) or ``'standard'`` (Flax defaults).
+    """
+    from spectral_optax.nn.linen import ResNet
+
+    if vary not in ("width", "depth"):
+        raise ValueError(f"vary must be 'width' or 'depth', got {vary!r}")
+    if len(data.input_shape) != 3:
+        raise ValueError(f"resnet_family needs images (H, W, C); got input_shape {data.input_shape} "
+                         "(load CIFAR with flatten=False)")
+    example_x, _ = data.numpy_batch("train", [0])
+    inits = {"kernel_init": kernel_init(init)} if init == "spectral" else {}
+    kernel_init(init)  # validates `init`
+
+    def family(size: int) -> Model:
+        w, d = (size, depth) if vary == "width" else (width, size)
+        module = ResNet(w, d, data.num_outputs, base_blocks=base_blocks, alpha=None if scaled else 1.0,
+                        dtype=dtype, **inits)
+        return Model.from_linen(module, example_x, "xent")
 
     return family

@@ -10,8 +10,19 @@ redone or lost (a half-written last line is ignored with a warning).
 
 Per run it records the final train loss (mean minibatch loss over the last
 5% of steps), the validation loss (on a fixed slice of the validation set),
-a short loss curve, and ``diverged`` (a non-finite loss: such runs are kept,
-never dropped).
+a short loss curve (and with ``val_curve=True`` the validation loss after
+every chunk), the steady-state seconds per step, and ``diverged`` (a
+non-finite loss: such runs are kept, never dropped).
+
+**Schedules.** ``schedule='warmup_cosine'`` trains every run with the LR
+``lr_t = lr * m(t)``: linear warm-up from 0 over the first 5% of the steps,
+then a cosine decay to 0 (:func:`warmup_cosine`); the grid is over the
+*peak* LR ``lr``. It is applied as a multiplier on the optimizer's update
+(``optax.scale_by_schedule`` after it), which equals scheduling the LR for
+every optimizer whose update is ``-lr * u_t`` with ``u_t`` independent of
+``lr`` (SGD, Adam(W) without weight decay, Muon, MOGA); with decoupled
+weight decay the decay is scheduled too (as in ``optax.adamw`` with a
+schedule).
 
 :func:`summarize` turns runs into the best LR per size and the **spread in
 grid steps** ``log2(max best LR / min best LR) / log2(grid ratio)``, with the
@@ -40,7 +51,47 @@ import optax
 from spectral_optax.lab._plots import plot_sweep
 from spectral_optax.lab._summary import summarize
 
-__all__ = ["sweep", "SweepResult", "load_runs", "append_run"]
+__all__ = ["SCHEDULES", "SweepResult", "append_run", "load_runs", "sweep", "warmup_cosine"]
+
+SCHEDULES = ("constant", "warmup_cosine")
+
+
+# --------------------------------------------------------------------------
+# Schedules (multipliers of the peak LR).
+# --------------------------------------------------------------------------
+def warmup_cosine(steps: int, warmup: float = 0.05, final: float = 0.0) -> optax.Schedule:
+    """LR multiplier ``m(t)``: ``(t + 1) / W`` for ``t < W`` (linear warm-up over
+    ``W = max(1, round(warmup * steps))`` steps), then
+    ``final + (1 - final) * (1 + cos(pi * (t - W) / (steps - W))) / 2``.
+
+    ``m`` peaks at 1 (the grid LR is the peak LR), is positive at step 0 (no
+    wasted step) and reaches ``final`` at ``t = steps``.
+    """
+    if steps < 1 or not 0 <= warmup < 1 or not 0 <= final <= 1:
+        raise ValueError(f"warmup_cosine: need steps >= 1, 0 <= warmup < 1, 0 <= final <= 1; got "
+                         f"steps={steps}, warmup={warmup}, final={final}")
+    w = max(1, round(warmup * steps))
+    decay = max(1, steps - w)
+
+    def m(t):
+        t = jnp.asarray(t, jnp.float32)
+        ramp = (t + 1) / w
+        cos = final + (1 - final) * 0.5 * (1 + jnp.cos(jnp.pi * jnp.clip(t - w, 0, decay) / decay))
+        return jnp.where(t < w, ramp, cos)
+
+    return m
+
+
+def _schedule_fn(schedule, steps: int):
+    """(name recorded with the runs, multiplier schedule or None)."""
+    if schedule is None or schedule == "constant":
+        return "constant", None
+    if schedule == "warmup_cosine":
+        return "warmup_cosine", warmup_cosine(steps)
+    if callable(schedule):
+        return getattr(schedule, "__name__", repr(schedule)), schedule
+    raise ValueError(f"schedule must be one of {SCHEDULES} or a callable step -> multiplier, "
+                     f"got {schedule!r}")
 
 
 # --------------------------------------------------------------------------
@@ -95,7 +146,7 @@ def _lr_key(lr: float) -> str:
 
 def _run_key(r: dict) -> tuple:
     return (r["name"], r.get("tag", ""), r["data"], int(r["size"]), int(r["seed"]),
-            _lr_key(r["lr"]), int(r["steps"]), int(r["batch_size"]))
+            _lr_key(r["lr"]), int(r["steps"]), int(r["batch_size"]), r.get("schedule", "constant"))
 
 
 # --------------------------------------------------------------------------
@@ -113,6 +164,11 @@ class SweepResult:
     def summary(self, metric: str = "train_loss", grid_ratio: float | None = None) -> dict:
         """See :func:`summarize`."""
         return summarize(self.runs, metric=metric, grid_ratio=grid_ratio)
+
+    def summaries(self, grid_ratio: float | None = None) -> dict:
+        """``{'train': summary(train_loss), 'val': summary(val_loss)}``."""
+        return {"train": self.summary("train_loss", grid_ratio),
+                "val": self.summary("val_loss", grid_ratio)}
 
     def plot(self, path=None, *, ax=None, metric: str = "train_loss", title: str | None = None):
         """Loss vs LR, one curve per size, a star at each best LR (see
@@ -142,7 +198,42 @@ def _num_chunks(steps: int, target: int) -> int:
     return 1
 
 
-def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx):
+def _run_mesh(devices) -> jax.sharding.Mesh | None:
+    """A 1-D mesh ``('runs',)`` over ``devices``: ``None`` (no sharding), ``'all'`` (every device
+    of every process), a count (the first ``n``), a list of devices, or a ``Mesh`` (all its devices)."""
+    if devices is None:
+        return None
+    if isinstance(devices, jax.sharding.Mesh):
+        devs = list(devices.devices.flat)
+    elif devices == "all":
+        devs = jax.devices()
+    elif isinstance(devices, int):
+        if not 1 <= devices <= jax.device_count():
+            raise ValueError(f"devices={devices}: between 1 and jax.device_count() = {jax.device_count()}")
+        devs = jax.devices()[:devices]
+    else:
+        devs = list(devices)
+    return jax.sharding.Mesh(np.array(devs), ("runs",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def _on_runs(mesh, a: np.ndarray):
+    """A host array placed with its first (run) axis split over ``mesh`` (every process calls this)."""
+    if mesh is None:
+        return jnp.asarray(a)
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs"))
+    return jax.make_array_from_callback(a.shape, sharding, lambda idx: a[idx])
+
+
+def _to_host(x) -> np.ndarray:
+    """Every run's values on every process (sharded over hosts: an all-gather)."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx, multiplier=None, mesh=None):
     train = tuple(jnp.asarray(a) for a in data.train)
     val = tuple(jnp.asarray(a) for a in data.val)
     eval_idx = jnp.asarray(eval_idx)
@@ -154,7 +245,7 @@ def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx
                 f"the optimizer factory must return an optax.GradientTransformation, got "
                 f"{type(opt).__name__}"
             )
-        return opt
+        return opt if multiplier is None else optax.chain(opt, optax.scale_by_schedule(multiplier))
 
     def init_run(lr, seed):
         k_init, k_data = jax.random.split(jax.random.key(seed))
@@ -180,9 +271,12 @@ def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx
         x, y = data.batch(val, eval_idx)
         return model.loss(state[0], x, y).astype(jnp.float32)
 
-    init_p = jax.jit(jax.vmap(init_run))
-    chunk_p = jax.jit(jax.vmap(chunk, in_axes=(0, 0, None)), donate_argnums=(1,))
-    eval_p = jax.jit(jax.vmap(evaluate))
+    # With a mesh, every output keeps its run axis split over the devices: each device trains R/N runs.
+    runs = {} if mesh is None else {
+        "out_shardings": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs"))}
+    init_p = jax.jit(jax.vmap(init_run), **runs)
+    chunk_p = jax.jit(jax.vmap(chunk, in_axes=(0, 0, None)), donate_argnums=(1,), **runs)
+    eval_p = jax.jit(jax.vmap(evaluate), **runs)
     return init_p, chunk_p, eval_p
 
 
@@ -204,6 +298,9 @@ def sweep(
     curve_points: int = 20,
     chunks: int = 10,
     progress: bool = True,
+    schedule: str | Callable | None = None,
+    val_curve: bool = False,
+    devices: Any = None,
 ) -> SweepResult:
     """Train ``family(size)`` for every size x LR x seed; resumable.
 
@@ -233,6 +330,19 @@ def sweep(
       curve_points: points of the recorded (bucket-averaged) loss curve.
       chunks: compiled chunks per run (progress-bar granularity).
       progress: show a tqdm progress bar.
+      schedule: ``None`` / ``'constant'``, ``'warmup_cosine'`` (see
+        :func:`warmup_cosine`; ``lrs`` are then peak LRs) or a callable
+        ``step -> multiplier`` (recorded by its ``__name__``). Part of the
+        resume key.
+      val_curve: also record the validation loss after every chunk
+        (``val_curve``, ``val_curve_steps``).
+      devices: split the vmapped run axis over devices (each trains about
+        ``R / N`` of the ``R`` runs; results identical to one device):
+        ``None`` (default: no sharding), ``'all'`` (every device of every
+        process, e.g. after ``jax.distributed.initialize()`` on a pod), a
+        count, a list of devices or a ``jax.sharding.Mesh``. The run list is
+        padded to a multiple of ``N`` (padding runs are discarded); with
+        several processes only process 0 writes ``results``.
 
     Returns:
       a :class:`SweepResult` with every run of this configuration (recorded
@@ -244,7 +354,9 @@ def sweep(
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
     results = os.fspath(results) if results is not None else None
-    base = dict(name=name, tag=tag, data=data.name, steps=int(steps), batch_size=int(batch_size))
+    schedule_name, multiplier = _schedule_fn(schedule, int(steps))
+    base = dict(name=name, tag=tag, data=data.name, steps=int(steps), batch_size=int(batch_size),
+                schedule=schedule_name)
     existing = {}
     for r in load_runs(results):
         try:
@@ -259,6 +371,9 @@ def sweep(
         ]
         if missing:
             todo[size] = missing
+    mesh = _run_mesh(devices)
+    n_dev = 1 if mesh is None else mesh.devices.size
+    writer = jax.process_index() == 0
     n_chunks = _num_chunks(steps, chunks)
     chunk_len = steps // n_chunks
     n_eval = min(eval_examples, data.num_val)
@@ -279,20 +394,33 @@ def sweep(
             t_start = time.time()
             model = family(size)
             init_p, chunk_p, eval_p = _make_programs(
-                model, optimizer, size, data, batch_size, chunk_len, eval_idx
+                model, optimizer, size, data, batch_size, chunk_len, eval_idx, multiplier, mesh
             )
-            run_lrs = jnp.asarray([m[0] for m in missing], jnp.float32)
-            run_seeds = jnp.asarray([m[1] for m in missing], jnp.uint32)
+            padded = missing + [missing[-1]] * (-len(missing) % n_dev)  # a multiple of the devices
+            run_lrs = _on_runs(mesh, np.asarray([m[0] for m in padded], np.float32))
+            run_seeds = _on_runs(mesh, np.asarray([m[1] for m in padded], np.uint32))
             state = init_p(run_lrs, run_seeds)
-            losses = []
+            chunk_out: list[np.ndarray] = []
+            val_points: list[np.ndarray] = []
+            t_steady = t_start
             for c in range(n_chunks):
                 state, chunk_losses = chunk_p(run_lrs, state, jnp.int32(c * chunk_len))
-                losses.append(np.asarray(chunk_losses))  # (R, chunk_len); syncs
+                chunk_out.append(_to_host(chunk_losses))  # (R, chunk_len); syncs
+                if val_curve and c < n_chunks - 1:
+                    val_points.append(_to_host(eval_p(state)))
+                if c == 0:  # the first chunk includes compilation
+                    t_steady = time.time()
                 if bar is not None:
                     bar.update(len(missing) * chunk_len)
-            losses = np.concatenate(losses, axis=1)
-            val_losses = np.asarray(eval_p(state))
+            losses = np.concatenate(chunk_out, axis=1)
+            val_losses = _to_host(eval_p(state))
             elapsed = time.time() - t_start
+            # Wall-clock seconds per training step of one run (its share of the
+            # vmapped program, compilation excluded; from the first chunk if only one).
+            steady_steps = (n_chunks - 1) * chunk_len
+            step_s = ((time.time() - t_steady) / steady_steps if steady_steps else elapsed / steps)
+            step_s /= len(missing)
+            val_points.append(val_losses)
             buckets = np.array_split(np.arange(steps), min(curve_points, steps))
             for j, (lr, seed) in enumerate(missing):
                 curve = losses[j]
@@ -306,8 +434,12 @@ def sweep(
                     curve_steps=[int(b[-1]) + 1 for b in buckets],
                     curve=[_json_float(np.mean(curve[b])) for b in buckets],
                     seconds=round(elapsed / len(missing), 3),
+                    step_seconds=float(f"{step_s:.4g}"),
                 )
-                if results is not None:
+                if val_curve:
+                    rec["val_curve_steps"] = [(c + 1) * chunk_len for c in range(n_chunks)]
+                    rec["val_curve"] = [_json_float(v[j]) for v in val_points]
+                if results is not None and writer:
                     append_run(results, rec)
                 new_runs.append(rec)
     finally:

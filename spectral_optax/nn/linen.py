@@ -14,8 +14,11 @@ kernels without help:
 
 * residual MLP: ``input_proj`` (or ``embed`` + ``input_proj``), ``blocks/dense_0``,
   ``blocks/dense_1`` (the branch's last layer), ``head``;
-* transformer: ``embed``, ``blocks/{ln_attn, attn/{query,key,value,out}, ln_mlp,
-  mlp/{dense_0, dense_1}}``, ``ln_final``, ``head``.
+* transformer: ``embed``, ``pos_embed``, ``blocks/{ln_attn, attn/{query,key,value,out}
+  (or fused ``attn/{qkv,out}``), ln_mlp, mlp/{dense_0, dense_1}}``, ``ln_final``, ``head``;
+* ResNet: ``conv_in``, ``stage_{s}_blocks_{k}/{ln_0, conv_0, ln_1, conv_1}``,
+  ``conv_down_{s}`` at stage changes, ``ln_final``, ``head`` (branch-last layers:
+  :data:`RESNET_BRANCH_OUT_PATTERN`).
 
 With ``scan=True`` (default) the K blocks are one ``nn.scan``: every block
 parameter has a leading layer axis of size K (a batch axis of its geometry)
@@ -47,7 +50,8 @@ def _multiplier_and_out_scale(alpha: float, absorbed: bool) -> tuple[float, floa
 
 
 class MLPBranch(nn.Module):
-    """``f(h) = dense_1(relu(dense_0(h)))``: the residual MLP branch.
+    """``f(h) = dense_1(gelu(dense_0(h)))``: the transformer's MLP branch
+    (tanh-approximate GELU, ``jax.nn.gelu``; the NNX twin's function).
 
     Attributes:
       features: output width (the residual stream width).
@@ -67,7 +71,7 @@ class MLPBranch(nn.Module):
         hidden = self.hidden_features or self.features
         y = nn.Dense(hidden, kernel_init=self.kernel_init, dtype=self.dtype,
                      param_dtype=self.param_dtype, name="dense_0")(h)
-        y = nn.relu(y)
+        y = nn.gelu(y)
         return nn.Dense(
             self.features,
             kernel_init=scale_init(self.kernel_init, self.out_scale),
@@ -110,6 +114,47 @@ class ResidualMLPBlock(nn.Module):
         return h + jnp.asarray(self.multiplier, y.dtype) * y, None
 
 
+QKV_LAYOUTS = ("split", "fused")
+
+
+def _check_qkv(qkv: str) -> str:
+    if qkv not in QKV_LAYOUTS:
+        raise ValueError(f"qkv must be one of {QKV_LAYOUTS}, got {qkv!r}")
+    return qkv
+
+
+class FusedSelfAttention(nn.Module):
+    """Multi-head self-attention with one fused ``qkv`` projection.
+
+    ``[q | k | v] = x W_qkv + b`` (``qkv/kernel``: ``(features, 3 features)``,
+    three independent ``features x features`` maps: its geometry has
+    ``fan_out_splits=3``), per head ``softmax(q k^T / sqrt(d_head) + mask) v``,
+    then ``out`` (a DenseGeneral over ``(heads, d_head)``, kernel
+    ``(heads, d_head, features)``, the same layout as the split form's
+    ``attn/out``). Same function as ``nn.MultiHeadDotProductAttention`` with
+    ``W_qkv = [W_q | W_k | W_v]`` (heads flattened).
+    """
+
+    num_heads: int
+    kernel_init: Initializer = default_kernel_init
+    out_kernel_init: Initializer = default_kernel_init
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, mask=None):
+        d = x.shape[-1]
+        if d % self.num_heads:
+            raise ValueError(f"features={d} is not divisible by num_heads={self.num_heads}")
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
+        qkv = nn.Dense(3 * d, kernel_init=self.kernel_init, name="qkv", **kw)(x)
+        qkv = qkv.reshape(x.shape[:-1] + (3, self.num_heads, d // self.num_heads))
+        y = nn.dot_product_attention(qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :],
+                                     mask=mask, deterministic=True, dtype=self.dtype)
+        return nn.DenseGeneral(d, axis=(-2, -1), kernel_init=self.out_kernel_init, name="out",
+                               **kw)(y)
+
+
 class TransformerBlock(nn.Module):
     """Pre-LN transformer block with explicit branch multipliers.
 
@@ -122,6 +167,9 @@ class TransformerBlock(nn.Module):
       multiplier: branch multiplier ``m``; out_scale: init factor of
         ``attn/out`` and ``mlp/dense_1``.
       causal: apply a causal mask (inputs ``(batch, seq, features)``).
+      qkv: ``'split'`` (``attn/{query,key,value}``, Flax's
+        ``MultiHeadDotProductAttention``) or ``'fused'`` (one ``attn/qkv``,
+        :class:`FusedSelfAttention`).
     """
 
     features: int
@@ -130,6 +178,7 @@ class TransformerBlock(nn.Module):
     multiplier: float = 1.0
     out_scale: float = 1.0
     causal: bool = True
+    qkv: str = "split"
     kernel_init: Initializer = default_kernel_init
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -140,14 +189,19 @@ class TransformerBlock(nn.Module):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         y = nn.LayerNorm(name="ln_attn", **kw)(h)
         mask = nn.make_causal_mask(jnp.ones(h.shape[:-1], jnp.int32)) if self.causal else None
-        y = nn.MultiHeadDotProductAttention(
-            num_heads=self.num_heads,
-            kernel_init=self.kernel_init,
-            out_kernel_init=scale_init(self.kernel_init, self.out_scale),
-            deterministic=True,
-            name="attn",
-            **kw,
-        )(y, mask=mask)
+        out_init = scale_init(self.kernel_init, self.out_scale)
+        if _check_qkv(self.qkv) == "fused":
+            y = FusedSelfAttention(self.num_heads, kernel_init=self.kernel_init,
+                                   out_kernel_init=out_init, name="attn", **kw)(y, mask=mask)
+        else:
+            y = nn.MultiHeadDotProductAttention(
+                num_heads=self.num_heads,
+                kernel_init=self.kernel_init,
+                out_kernel_init=out_init,
+                deterministic=True,
+                name="attn",
+                **kw,
+            )(y, mask=mask)
         h = h + m * y
         y = nn.LayerNorm(name="ln_mlp", **kw)(h)
         y = MLPBranch(
@@ -248,14 +302,24 @@ class ResidualMLP(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Decoder-only pre-LN transformer LM with inverse-depth branch scaling.
+    """Decoder-only pre-LN transformer LM (GPT-style) with inverse-depth branch scaling.
 
-    ``embed`` (+ learned ``pos_embed``) -> K :class:`TransformerBlock` ->
-    ``ln_final`` -> ``head``. Inputs are token ids ``(batch, seq)``; outputs
-    logits ``(batch, seq, vocab_size)``.
+    ``h_0 = embed(tokens) + pos_embed(positions)`` (learned positions), then K
+    :class:`TransformerBlock` (causal self-attention and a GELU MLP, each
+    branch ``h + alpha * f(LN(h))``), ``ln_final``, and an untied ``head``.
+    Inputs are token ids ``(batch, seq)``; outputs logits
+    ``(batch, seq, vocab_size)``.
+
+    Every parameter's geometry is inferred without overrides (scanned or
+    unrolled, split or fused QKV): embeddings are ``embedding``, ``head`` the
+    ``output`` matrix, ``attn/qkv`` three ``features x features`` maps,
+    ``attn/out`` a ``(heads x d_head) -> features`` map, norms and biases
+    vectors; with ``scan=True`` the layer axis is a batch axis.
 
     Attributes: as :class:`ResidualMLP`, plus ``num_heads``, ``mlp_ratio``,
-    ``max_len`` (positional table size).
+    ``max_len`` (positional table size), ``qkv`` (``'split'`` or ``'fused'``,
+    see :class:`TransformerBlock`), ``embedding_init`` (both tables; default
+    Flax's).
     """
 
     vocab_size: int
@@ -268,7 +332,9 @@ class Transformer(nn.Module):
     alpha: float | None = None
     absorbed: bool = False
     scan: bool = True
+    qkv: str = "split"
     kernel_init: Initializer = default_kernel_init
+    embedding_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
@@ -279,8 +345,11 @@ class Transformer(nn.Module):
     @nn.compact
     def __call__(self, tokens):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        h = nn.Embed(self.vocab_size, self.features, name="embed", **kw)(tokens)
-        pos = nn.Embed(self.max_len, self.features, name="pos_embed", **kw)(
+        if tokens.shape[-1] > self.max_len:
+            raise ValueError(f"sequence length {tokens.shape[-1]} exceeds max_len={self.max_len}")
+        emb = dict(embedding_init=self.embedding_init, **kw)
+        h = nn.Embed(self.vocab_size, self.features, name="embed", **emb)(tokens)
+        pos = nn.Embed(self.max_len, self.features, name="pos_embed", **emb)(
             jnp.arange(tokens.shape[-1])
         )
         h = h + pos
@@ -294,8 +363,99 @@ class Transformer(nn.Module):
             mlp_ratio=self.mlp_ratio,
             multiplier=mult,
             out_scale=out_scale,
+            qkv=self.qkv,
             kernel_init=self.kernel_init,
             **kw,
         )(h)
         h = nn.LayerNorm(name="ln_final", **kw)(h)
         return nn.Dense(self.vocab_size, kernel_init=self.kernel_init, name="head", **kw)(h)
+
+
+#: The last layer of every ResNet branch (``conv_1`` of each block): the
+#: ``mask`` of :func:`spectral_optax.depth_scaled_init` /
+#: :func:`spectral_optax.depth_residual_scale` for the absorbed form.
+RESNET_BRANCH_OUT_PATTERN = r"(^|/)stage_\d+_blocks_\d+/conv_1/(kernel|bias)$"
+
+
+class ResNetBlock(nn.Module):
+    """Pre-activation basic block: ``h + m * conv_1(relu(ln_1(conv_0(relu(ln_0(h))))))``.
+
+    Two 3x3 convolutions at constant width and resolution; ``ln_i`` are
+    LayerNorms over the channels (per pixel: no batch statistics, so the
+    model is a pure function of its parameters). ``conv_1`` (the branch's
+    last layer) is initialized times ``out_scale``.
+    """
+
+    features: int
+    multiplier: float = 1.0
+    out_scale: float = 1.0
+    kernel_init: Initializer = default_kernel_init
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, h):
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
+        y = nn.Conv(self.features, (3, 3), kernel_init=self.kernel_init, name="conv_0", **kw)(
+            nn.relu(nn.LayerNorm(name="ln_0", **kw)(h)))
+        y = nn.Conv(
+            self.features, (3, 3),
+            kernel_init=scale_init(self.kernel_init, self.out_scale),
+            bias_init=scale_init(nn.initializers.zeros_init(), self.out_scale),
+            name="conv_1", **kw,
+        )(nn.relu(nn.LayerNorm(name="ln_1", **kw)(y)))
+        return h + jnp.asarray(self.multiplier, y.dtype) * y
+
+
+class ResNet(nn.Module):
+    """CIFAR-style ResNet with inverse-depth branch scaling.
+
+    ``conv_in`` (3x3, ``features`` channels), then three stages of K basic
+    blocks (:class:`ResNetBlock`, ``h + alpha * f(h)``) at widths
+    ``features * (1, 2, 4)``; before stages 1 and 2 a stride-2 3x3
+    ``conv_down_{s}`` doubles the channels and halves the resolution (outside
+    the residual stacks, so only the blocks change with K). Then ``ln_final``,
+    ReLU, global average pooling and ``head``. ``alpha = base_blocks / K``
+    (K = blocks per stage) unless ``alpha`` is given (``1.0``: unscaled);
+    ``absorbed=True`` uses a unit multiplier and initializes ``conv_1`` times
+    ``alpha`` (mask: :data:`RESNET_BRANCH_OUT_PATTERN`).
+
+    Parameter paths: ``conv_in``, ``stage_{s}_blocks_{k}/{ln_0, conv_0, ln_1,
+    conv_1}``, ``conv_down_{s}``, ``ln_final``, ``head``. Conv kernels
+    ``(3, 3, in, out)`` are ``(window x in) -> out`` matrices for the
+    geometry, inferred from their names.
+
+    Inputs: images ``(batch, H, W, C)``; outputs logits ``(batch, num_classes)``.
+    """
+
+    features: int
+    num_blocks: int
+    num_classes: int
+    base_blocks: int = 2
+    alpha: float | None = None
+    absorbed: bool = False
+    kernel_init: Initializer = default_kernel_init
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @property
+    def branch_alpha(self) -> float:
+        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha)
+
+    @nn.compact
+    def __call__(self, x):
+        if x.ndim != 4:
+            raise ValueError(f"ResNet expects images (batch, H, W, C), got shape {x.shape}")
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
+        mult, out_scale = _multiplier_and_out_scale(self.branch_alpha, self.absorbed)
+        h = nn.Conv(self.features, (3, 3), kernel_init=self.kernel_init, name="conv_in", **kw)(x)
+        for s in range(3):
+            width = self.features * 2**s
+            if s:
+                h = nn.Conv(width, (3, 3), strides=(2, 2), kernel_init=self.kernel_init,
+                            name=f"conv_down_{s}", **kw)(h)
+            for k in range(self.num_blocks):
+                h = ResNetBlock(width, multiplier=mult, out_scale=out_scale, kernel_init=self.kernel_init,
+                                name=f"stage_{s}_blocks_{k}", **kw)(h)
+        h = nn.relu(nn.LayerNorm(name="ln_final", **kw)(h)).mean(axis=(1, 2))
+        return nn.Dense(self.num_classes, kernel_init=self.kernel_init, name="head", **kw)(h)

@@ -30,9 +30,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from spectral_optax._depth import residual_alpha, scale_init
+from spectral_optax.nn.linen import _check_qkv
 
 Initializer = Callable[..., Any]
 default_kernel_init = nnx.initializers.lecun_normal()
+default_embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
 
 
 class ResidualMLPBlock(nnx.Module):
@@ -86,8 +88,36 @@ class MLPBranch(nnx.Module):
         return self.dense_1(jax.nn.gelu(self.dense_0(h)))
 
 
+class FusedSelfAttention(nnx.Module):
+    """Self-attention with one fused ``qkv`` Linear (``features -> 3 features``)
+    and ``out`` (LinearGeneral over ``(heads, d_head)``): the twin of
+    :class:`spectral_optax.nn.linen.FusedSelfAttention`, same parameter paths."""
+
+    def __init__(self, features: int, num_heads: int, *, kernel_init=default_kernel_init,
+                 out_kernel_init=default_kernel_init, dtype=None, param_dtype=jnp.float32, rngs):
+        if features % num_heads:
+            raise ValueError(f"features={features} is not divisible by num_heads={num_heads}")
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        self.num_heads = num_heads
+        self.dtype = dtype
+        self.qkv = nnx.Linear(features, 3 * features, kernel_init=kernel_init, **kw)
+        self.out = nnx.LinearGeneral((num_heads, features // num_heads), features, axis=(-2, -1),
+                                     kernel_init=out_kernel_init, **kw)
+
+    def __call__(self, x, mask=None):
+        d = x.shape[-1]
+        qkv = self.qkv(x).reshape(x.shape[:-1] + (3, self.num_heads, d // self.num_heads))
+        y = nnx.dot_product_attention(qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :],
+                                      mask=mask, dtype=self.dtype)
+        return self.out(y)
+
+
 class TransformerBlock(nnx.Module):
-    """Pre-LN block: ``h += m * attn(ln_attn(h))``; ``h += m * mlp(ln_mlp(h))``."""
+    """Pre-LN block: ``h += m * attn(ln_attn(h))``; ``h += m * mlp(ln_mlp(h))``.
+
+    ``qkv='split'`` uses ``nnx.MultiHeadAttention`` (``attn/{query,key,value,out}``),
+    ``qkv='fused'`` :class:`FusedSelfAttention` (``attn/{qkv,out}``).
+    """
 
     def __init__(
         self,
@@ -98,6 +128,7 @@ class TransformerBlock(nnx.Module):
         multiplier: float = 1.0,
         out_scale: float = 1.0,
         causal: bool = True,
+        qkv: str = "split",
         kernel_init: Initializer = default_kernel_init,
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
@@ -107,15 +138,21 @@ class TransformerBlock(nnx.Module):
         self.multiplier = multiplier
         self.causal = causal
         self.ln_attn = nnx.LayerNorm(features, **kw)
-        self.attn = nnx.MultiHeadAttention(
-            num_heads=num_heads,
-            in_features=features,
-            kernel_init=kernel_init,
-            out_kernel_init=scale_init(kernel_init, out_scale),
-            decode=False,
-            deterministic=True,
-            **kw,
-        )
+        out_init = scale_init(kernel_init, out_scale)
+        self.attn: nnx.Module
+        if _check_qkv(qkv) == "fused":
+            self.attn = FusedSelfAttention(features, num_heads, kernel_init=kernel_init,
+                                           out_kernel_init=out_init, **kw)
+        else:
+            self.attn = nnx.MultiHeadAttention(
+                num_heads=num_heads,
+                in_features=features,
+                kernel_init=kernel_init,
+                out_kernel_init=out_init,
+                decode=False,
+                deterministic=True,
+                **kw,
+            )
         self.ln_mlp = nnx.LayerNorm(features, **kw)
         self.mlp = MLPBranch(features, mlp_ratio * features, out_scale=out_scale,
                              kernel_init=kernel_init, **kw)
@@ -142,6 +179,26 @@ def _scan_apply(blocks, h):
         return block(x)
 
     return step(h, blocks)
+
+
+def _set_blocks(model: nnx.Module, make_block, num_blocks: int, scan: bool, rngs: nnx.Rngs):
+    """``model.blocks`` (stacked, layer axis 0) or ``model.blocks_0 .. blocks_{K-1}``
+    (the Linen ``scan=False`` paths)."""
+    setattr(model, "scan", scan)  # noqa: B010 - any nnx.Module (mypy)
+    setattr(model, "num_blocks", num_blocks)  # noqa: B010
+    if scan:
+        setattr(model, "blocks", _stacked(make_block, num_blocks, rngs))  # noqa: B010
+    else:
+        for k in range(num_blocks):
+            setattr(model, f"blocks_{k}", make_block(rngs))
+
+
+def _apply_blocks(model: nnx.Module, h):
+    if getattr(model, "scan"):  # noqa: B009
+        return _scan_apply(getattr(model, "blocks"), h)  # noqa: B009
+    for k in range(getattr(model, "num_blocks")):  # noqa: B009
+        h = getattr(model, f"blocks_{k}")(h)
+    return h
 
 
 class ResidualMLP(nnx.Module):
@@ -203,8 +260,14 @@ class ResidualMLP(nnx.Module):
 
 
 class Transformer(nnx.Module):
-    """Decoder-only pre-LN transformer LM: ``embed`` + ``pos_embed`` -> K
-    stacked :class:`TransformerBlock` -> ``ln_final`` -> ``head``."""
+    """Decoder-only pre-LN transformer LM (GPT-style): ``embed`` + ``pos_embed``
+    -> K :class:`TransformerBlock` -> ``ln_final`` -> untied ``head``.
+
+    The twin of :class:`spectral_optax.nn.linen.Transformer` (same parameter
+    paths, same function): ``scan=True`` stacks the blocks (``blocks/...``
+    with a leading layer axis), ``scan=False`` keeps ``blocks_0 ..``;
+    ``qkv='split' | 'fused'``; ``embedding_init`` for both tables.
+    """
 
     def __init__(
         self,
@@ -218,27 +281,94 @@ class Transformer(nnx.Module):
         base_blocks: int = 2,
         alpha: float | None = None,
         absorbed: bool = False,
+        scan: bool = True,
+        qkv: str = "split",
         kernel_init: Initializer = default_kernel_init,
+        embedding_init: Initializer = default_embed_init,
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
         a = residual_alpha(num_blocks, base_blocks, alpha=alpha)
         self.branch_alpha = a
+        self.max_len = max_len
         kw = dict(dtype=dtype, param_dtype=param_dtype)
-        self.embed = nnx.Embed(vocab_size, features, rngs=rngs, **kw)
-        self.pos_embed = nnx.Embed(max_len, features, rngs=rngs, **kw)
+        self.embed = nnx.Embed(vocab_size, features, embedding_init=embedding_init, rngs=rngs, **kw)
+        self.pos_embed = nnx.Embed(max_len, features, embedding_init=embedding_init, rngs=rngs, **kw)
         mult, out_scale = (1.0, a) if absorbed else (a, 1.0)
-        self.blocks = _stacked(
+        _set_blocks(
+            self,
             lambda r: TransformerBlock(features, num_heads, mlp_ratio=mlp_ratio, multiplier=mult,
-                                       out_scale=out_scale, kernel_init=kernel_init, rngs=r, **kw),
+                                       out_scale=out_scale, qkv=qkv, kernel_init=kernel_init,
+                                       rngs=r, **kw),
             num_blocks,
+            scan,
             rngs,
         )
         self.ln_final = nnx.LayerNorm(features, rngs=rngs, **kw)
         self.head = nnx.Linear(features, vocab_size, kernel_init=kernel_init, rngs=rngs, **kw)
 
     def __call__(self, tokens):
+        if tokens.shape[-1] > self.max_len:
+            raise ValueError(f"sequence length {tokens.shape[-1]} exceeds max_len={self.max_len}")
         h = self.embed(tokens) + self.pos_embed(jnp.arange(tokens.shape[-1]))
-        h = _scan_apply(self.blocks, h)
+        h = _apply_blocks(self, h)
         return self.head(self.ln_final(h))
+
+
+class ResNetBlock(nnx.Module):
+    """Twin of :class:`spectral_optax.nn.linen.ResNetBlock` (same paths and function)."""
+
+    def __init__(self, features: int, *, multiplier: float = 1.0, out_scale: float = 1.0,
+                 kernel_init: Initializer = default_kernel_init, dtype: Any = None,
+                 param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        self.multiplier = multiplier
+        self.ln_0 = nnx.LayerNorm(features, **kw)
+        self.conv_0 = nnx.Conv(features, features, (3, 3), kernel_init=kernel_init, **kw)
+        self.ln_1 = nnx.LayerNorm(features, **kw)
+        self.conv_1 = nnx.Conv(features, features, (3, 3), kernel_init=scale_init(kernel_init, out_scale),
+                               bias_init=scale_init(nnx.initializers.zeros_init(), out_scale), **kw)
+
+    def __call__(self, h):
+        y = self.conv_1(jax.nn.relu(self.ln_1(self.conv_0(jax.nn.relu(self.ln_0(h))))))
+        return h + jnp.asarray(self.multiplier, y.dtype) * y
+
+
+class ResNet(nnx.Module):
+    """Twin of :class:`spectral_optax.nn.linen.ResNet` (same paths and function):
+    ``conv_in``, three stages of K :class:`ResNetBlock` at widths
+    ``features * (1, 2, 4)`` with stride-2 ``conv_down_{s}`` between them,
+    ``ln_final``, global average pooling, ``head``."""
+
+    def __init__(self, in_channels: int, features: int, num_blocks: int, num_classes: int, *,
+                 base_blocks: int = 2, alpha: float | None = None, absorbed: bool = False,
+                 kernel_init: Initializer = default_kernel_init, dtype: Any = None,
+                 param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
+        a = residual_alpha(num_blocks, base_blocks, alpha=alpha)
+        self.branch_alpha = a
+        self.num_blocks = num_blocks
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        mult, out_scale = (1.0, a) if absorbed else (a, 1.0)
+        self.conv_in = nnx.Conv(in_channels, features, (3, 3), kernel_init=kernel_init, **kw)
+        for s in range(3):
+            width = features * 2**s
+            if s:
+                setattr(self, f"conv_down_{s}", nnx.Conv(width // 2, width, (3, 3), strides=(2, 2),
+                                                         kernel_init=kernel_init, **kw))
+            for k in range(num_blocks):
+                setattr(self, f"stage_{s}_blocks_{k}",
+                        ResNetBlock(width, multiplier=mult, out_scale=out_scale, kernel_init=kernel_init, **kw))
+        self.ln_final = nnx.LayerNorm(4 * features, **kw)
+        self.head = nnx.Linear(4 * features, num_classes, kernel_init=kernel_init, **kw)
+
+    def __call__(self, x):
+        if x.ndim != 4:
+            raise ValueError(f"ResNet expects images (batch, H, W, C), got shape {x.shape}")
+        h = self.conv_in(x)
+        for s in range(3):
+            if s:
+                h = getattr(self, f"conv_down_{s}")(h)
+            for k in range(self.num_blocks):
+                h = getattr(self, f"stage_{s}_blocks_{k}")(h)
+        return self.head(jax.nn.relu(self.ln_final(h)).mean(axis=(1, 2)))

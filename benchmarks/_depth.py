@@ -1,0 +1,249 @@
+"""Shared machinery of the depth benchmarks on real architectures (GPT, ResNet).
+
+One run = every optimizer variant (``{optimizer}/scaled``: branches
+``h + (2/K) f(h)``; ``{optimizer}/unscaled``: ``h + f(h)``) swept over an LR
+grid at every depth with ``spectral_optax.lab.sweep`` (vmapped over the grid,
+resumable JSONL, warm-up + cosine schedule over the peak LR, train and
+validation loss). The JSON ``summary`` has the schema of
+``benchmarks.depth_transfer``: ``"{optimizer}/{form}"`` (train loss) and
+``"{optimizer}/{form}/val"`` (validation loss), each with ``best_lr``,
+``loss_at_best``, ``spread_steps``, ``at_edge``, ``diverged`` (and the rest of
+``lab.summarize``'s keys).
+
+Public API only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import optax
+
+import spectral_optax as so
+from benchmarks._common import environment, write_json
+from benchmarks.depth_transfer import _table
+from spectral_optax import lab
+
+#: every optimizer variant the depth paper compares (default runs pick a subset)
+ALL_OPTIMIZERS = ("muon", "moga1.5", "moga2", "moga2.5", "adamw")
+
+
+def optimizer_factory(name: str):
+    """``lr -> GradientTransformation`` for a benchmark optimizer name (defaults, no weight decay)."""
+    if name == "muon":
+        return lambda lr: so.muon(lr)
+    if name.startswith("moga"):
+        p = float(name[4:])
+        return lambda lr: so.moga(lr, p=p)
+    if name == "adamw":
+        return lambda lr: optax.adamw(lr, weight_decay=0.0)
+    raise SystemExit(f"unknown optimizer {name!r}; have {ALL_OPTIMIZERS}")
+
+
+def parser(description: str, presets) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="smoke-test preset (<= 4 minutes on 2 CPU cores)")
+    p.add_argument("--preset", choices=sorted(presets), default=None,
+                   help="size preset (default: cpu; --quick = quick)")
+    p.add_argument("--json", default=None, help="write the results as JSON to this path")
+    p.add_argument("--out", default="out", help="directory for figures and the results JSONL")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per (depth, LR)")
+    p.add_argument("--optimizers", default=None,
+                   help=f"comma-separated subset of {','.join(ALL_OPTIMIZERS)}, or 'all'")
+    p.add_argument("--depths", default=None, help="comma-separated depths (overrides the preset)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (overrides the preset)")
+    p.add_argument("--num-lrs", type=int, default=None, help="LR-grid points (overrides the preset)")
+    p.add_argument("--width", type=int, default=None, help="width (overrides the preset)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size (overrides the preset)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="computation dtype (bfloat16 for accelerators; parameters stay float32)")
+    p.add_argument("--schedule", choices=("warmup_cosine", "constant"), default="warmup_cosine")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    return p
+
+
+def config(args, presets) -> tuple[str, dict]:
+    preset = "quick" if args.quick else (args.preset or "cpu")
+    cfg = dict(presets[preset])
+    for key in ("steps", "num_lrs", "width", "batch_size", "dtype"):
+        if getattr(args, key, None) is not None:
+            cfg[key] = getattr(args, key)
+    if args.depths:
+        cfg["depths"] = tuple(int(d) for d in args.depths.split(","))
+    if args.optimizers:
+        cfg["optimizers"] = ALL_OPTIMIZERS if args.optimizers == "all" else tuple(args.optimizers.split(","))
+    for name in cfg["optimizers"]:
+        optimizer_factory(name)  # fail early on a typo
+    return preset, cfg
+
+
+def run_sweeps(*, family, data, cfg, centers, results_path, seeds, tag, schedule, progress,
+               eval_examples=256, val_curve=True):
+    """Sweep every optimizer x {unscaled, scaled}; returns (results, summary), printing as it goes.
+
+    ``family(scaled: bool) -> (depth -> lab.Model)``; ``centers[name]``: LR-grid center.
+    """
+    t0 = time.time()
+    results, summary = {}, {}
+    for name in cfg["optimizers"]:
+        grid = lab.lr_grid(centers[name], cfg["num_lrs"])
+        for form in ("unscaled", "scaled"):
+            key = f"{name}/{form}"
+            res = lab.sweep(
+                family(form == "scaled"), optimizer_factory(name), sizes=cfg["depths"], lrs=grid,
+                data=data, steps=cfg["steps"], batch_size=cfg["batch_size"], seeds=list(range(seeds)),
+                results=results_path, name=key, tag=tag, size_name="depth", progress=progress,
+                schedule=schedule, eval_examples=eval_examples, val_curve=val_curve,
+                chunks=cfg.get("chunks", 5),
+            )
+            results[key] = res
+            both = res.summaries()
+            summary[key], summary[f"{key}/val"] = both["train"], both["val"]
+            for k, s in ((key, both["train"]), (f"{key}/val", both["val"])):
+                best = ", ".join(f"K={d}: {v:.3g}" for d, v in s["best_lr"].items())
+                print(f"[{time.time() - t0:6.0f}s] {k:22s} spread {s['spread_steps']:.2f} steps; best LR {best}; "
+                      f"at edge {s['at_edge']}; diverged {s['diverged']}", flush=True)
+    return results, summary
+
+
+def throughput(results, units_per_step: int) -> dict:
+    """``{variant: {depth: units per second per run}}`` (median over the LR grid; each run's
+    share of the vmapped program, compilation excluded)."""
+    out = {}
+    for key, res in results.items():
+        by_depth = {}
+        for r in res.runs:
+            if r.get("step_seconds"):
+                by_depth.setdefault(r["size"], []).append(units_per_step / r["step_seconds"])
+        out[key] = {d: float(np.median(v)) for d, v in sorted(by_depth.items())}
+    return out
+
+
+def sweep_figures(results, out, prefix, unit_title):
+    """Papers' style: one panel per optimizer (columns), unscaled / scaled rows,
+    curves per depth, stars at the best LR; one figure for train, one for
+    validation loss. Returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(k.split("/")[0] for k in results))
+    paths = []
+    for metric, label in (("train_loss", "train"), ("val_loss", "val")):
+        fig, axes = plt.subplots(2, len(names), figsize=(2.9 * len(names) + 0.4, 5.4), squeeze=False,
+                                 sharey="row")
+        for j, name in enumerate(names):
+            for i, form in enumerate(("unscaled", "scaled")):
+                res = results.get(f"{name}/{form}")
+                if res is None:
+                    axes[i, j].set_visible(False)
+                    continue
+                s = res.summary(metric)
+                what = "h + f(h)" if form == "unscaled" else "h + (2/K) f(h)"
+                lab.plot_sweep(res, ax=axes[i, j], metric=metric,
+                               title=f"{name}, {what}\nspread {s['spread_steps']:.2f} steps")
+                axes[i, j].title.set_fontsize(8)
+                if j:
+                    axes[i, j].set_ylabel("")
+        _common_ylim(axes, results, metric)
+        fig.suptitle(f"{unit_title}: {label} loss vs peak LR (warm-up + cosine)", fontsize=9)
+        fig.tight_layout()
+        path = os.path.join(out, f"{prefix}_{label}.png")
+        lab.savefig(fig, path)
+        plt.close(fig)
+        print(f"wrote {path}")
+        paths.append(path)
+    return paths
+
+
+def _common_ylim(axes, results, metric):
+    vals = [r[metric] for res in results.values() for r in res.runs
+            if r.get(metric) is not None and np.isfinite(r[metric])]
+    if not vals:
+        return
+    lo = min(vals)
+    best = [v for res in results.values() for v in res.summary(metric)["loss_at_best"].values()
+            if np.isfinite(v)]
+    hi = max(lo + 0.5, min(max(best) + 0.6, lo + 4.0))
+    for row in axes:
+        row[0].set_ylim(lo - 0.03 * abs(lo), hi)
+
+
+def which_optimizer_figure(results, summary, depth, out, prefix, unit_title):
+    """Train and validation loss against steps and against wall-clock seconds, every scaled
+    optimizer at its best (validation) grid LR at one depth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(8.0, 5.6))
+    colors = plt.get_cmap("tab10")
+    rows = {}
+    for i, key in enumerate(k for k in results if k.endswith("/scaled")):
+        name = key.split("/")[0]
+        lr = summary[f"{key}/val"]["best_lr_grid"].get(depth)
+        runs = [r for r in results[key].runs if r["size"] == depth and np.isclose(r["lr"], lr or np.nan)]
+        if not runs:
+            continue
+        r = runs[0]
+        sec = r["step_seconds"]
+        steps_t, train = np.asarray(r["curve_steps"]), np.asarray(r["curve"], float)
+        steps_v, val = np.asarray(r.get("val_curve_steps", [r["steps"]])), np.asarray(
+            r.get("val_curve", [r["val_loss"]]), float)
+        kw = {"color": colors(i), "lw": 1.2, "label": f"{name} (lr {lr:.3g}, {1e3 * sec:.1f} ms/step)"}
+        axes[0, 0].plot(steps_t, train, **kw)
+        axes[0, 1].plot(steps_v, val, marker="o", ms=3, **kw)
+        axes[1, 0].plot(steps_t * sec, train, **kw)
+        axes[1, 1].plot(steps_v * sec, val, marker="o", ms=3, **kw)
+        rows[name] = {"lr": lr, "step_seconds": sec, "train_loss": r["train_loss"], "val_loss": r["val_loss"]}
+    for ax, (x, y) in zip(axes.flat, [("step", "train loss"), ("step", "val loss"),
+                                      ("seconds (steady state)", "train loss"),
+                                      ("seconds (steady state)", "val loss")]):
+        ax.set_xlabel(x, fontsize=8)
+        ax.set_ylabel(y, fontsize=8)
+        ax.grid(alpha=0.3, lw=0.4)
+        ax.tick_params(labelsize=7)
+    finals = [v["val_loss"] for v in rows.values() if v["val_loss"] is not None]
+    if finals:
+        for ax in axes.flat:
+            ax.set_ylim(min(finals) - 0.15, min(finals) + 1.5)
+    axes[0, 0].legend(fontsize=6)
+    fig.suptitle(f"{unit_title}, depth {depth}, scaled, each optimizer at its best LR", fontsize=9)
+    fig.tight_layout()
+    path = os.path.join(out, f"{prefix}_which_optimizer.png")
+    lab.savefig(fig, path)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path, rows
+
+
+def table(summary, depths, metric_suffix=""):
+    """Markdown best-LR table (depth_transfer's format) for train ('') or val ('/val')."""
+    sub = {k[: -len(metric_suffix)] if metric_suffix else k: v for k, v in summary.items()
+           if (k.endswith(metric_suffix) if metric_suffix else not k.endswith("/val"))}
+    return _table(sub, depths)
+
+
+def finish(*, benchmark, preset, cfg, data, results, summary, extra, args, t0):
+    tables = {"train": table(summary, cfg["depths"]), "val": table(summary, cfg["depths"], "/val")}
+    print("train loss:\n" + tables["train"])
+    print("validation loss:\n" + tables["val"])
+    payload = {
+        "benchmark": benchmark,
+        "preset": preset,
+        "config": dict(cfg, data=data.name, seeds=args.seeds, schedule=args.schedule, base_blocks=2),
+        "summary": summary,
+        "tables": tables,
+        **extra,
+        "runs": [r for res in results.values() for r in res.runs],
+        "wall_s": time.time() - t0,
+        "environment": environment(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
+    write_json(args.json, payload)
+    return payload

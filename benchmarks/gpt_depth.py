@@ -1,0 +1,95 @@
+"""GPT depth transfer: one peak learning rate for a GPT-style decoder at every depth?
+
+The depth paper's Figures 2 and 4 on a small byte-level GPT: pre-LN decoder
+(``spectral_optax.nn.linen.Transformer``, fused QKV, GELU MLP, learned
+positions, untied head, Parametrization-1 init), K blocks with every branch
+``h + alpha f(h)``: ``alpha = 2 / K`` (scaled) or ``1`` (unscaled). Each
+optimizer variant is swept over a factor-2 grid of *peak* LRs (linear warm-up
+over 5% of the steps, cosine decay to 0) at every depth; train loss (last 5%
+of steps) and validation loss (held-out last 10% of the text) are both
+recorded and reported.
+
+    python -m benchmarks.gpt_depth [--quick | --preset cpu|gpu] [--json PATH] [--out DIR]
+        [--seeds K] [--optimizers muon,moga1.5,moga2,moga2.5,adamw | all] [--data text|text:PATH]
+        [--depths 2,4,8] [--steps N] [--width W] [--context T] [--batch-size B] [--dtype bfloat16]
+
+Outputs in OUT: ``gpt_depth_<preset>.jsonl`` (every run; rerunning resumes),
+``gpt_depth_<preset>_train.png`` / ``_val.png`` (loss vs LR, one panel per
+optimizer, curves per depth, stars at the best LR),
+``gpt_depth_<preset>_which_optimizer.png`` (loss vs steps and vs seconds at
+each optimizer's best LR) and, with ``--json``, a summary with the schema of
+``benchmarks.depth_transfer`` plus tokens per second per run.
+
+Public API only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from benchmarks import _depth
+from spectral_optax import lab
+
+PRESETS = {
+    # ~1e8 flops per step per LR at depth 16 (width 32, 512 tokens per step).
+    "quick": {"depths": (2, 8), "width": 32, "context": 64, "batch_size": 8, "steps": 60, "num_lrs": 5,
+              "optimizers": ("muon", "moga2"), "dtype": "float32"},
+    "cpu": {"depths": (2, 4, 8, 16), "width": 32, "context": 64, "batch_size": 8, "steps": 120, "num_lrs": 6,
+            "optimizers": ("muon", "moga2", "adamw"), "dtype": "float32"},
+    # Not measured yet (no accelerator in the session that wrote it).
+    "gpu": {"depths": (2, 4, 8, 16, 32, 64, 128), "width": 256, "context": 256, "batch_size": 32,
+            "steps": 2000, "num_lrs": 9, "optimizers": ("muon", "moga1.5", "moga2", "moga2.5", "adamw"),
+            "dtype": "bfloat16"},
+}
+
+#: LR-grid centers (peak LR), factor-2 grids around them.
+#: (--quick, 60 steps: Muon's best peak LR ~0.07-0.09, MOGA p=2's above 0.016.)
+CENTERS = {"muon": 8e-2, "moga1.5": 3.2e-2, "moga2": 3.2e-2, "moga2.5": 3.2e-2, "adamw": 8e-3}
+
+
+def main(argv=None):
+    p = _depth.parser(__doc__.splitlines()[0], PRESETS)
+    p.add_argument("--data", default="text", help="'text' (embedded pydoc text) or 'text:PATH'")
+    p.add_argument("--context", type=int, default=None, help="sequence length (overrides the preset)")
+    args = p.parse_args(argv)
+    preset, cfg = _depth.config(args, PRESETS)
+    if args.context:
+        cfg["context"] = args.context
+    if not args.data.startswith("text"):
+        raise SystemExit(f"--data must be 'text' or 'text:PATH', got {args.data!r}")
+    import jax.numpy as jnp
+
+    data = lab.load(args.data, context=cfg["context"], sequence=True)
+    dtype = jnp.bfloat16 if cfg["dtype"] == "bfloat16" else None
+    os.makedirs(args.out, exist_ok=True)
+    results_path = os.path.join(args.out, f"gpt_depth_{preset}.jsonl")
+    tag = f"gpt-w{cfg['width']}-T{cfg['context']}-{cfg['dtype']}"
+    t0 = time.time()
+
+    def family(scaled):
+        return lab.gpt_family(data, width=cfg["width"], scaled=scaled, dtype=dtype)
+
+    results, summary = _depth.run_sweeps(
+        family=family, data=data, cfg=cfg, centers=CENTERS, results_path=results_path,
+        seeds=args.seeds, tag=tag, schedule=args.schedule, progress=not args.no_progress,
+    )
+    prefix = f"gpt_depth_{preset}"
+    title = f"GPT (width {cfg['width']}, context {cfg['context']}, {cfg['steps']} steps)"
+    figures = _depth.sweep_figures(results, args.out, prefix, title)
+    deepest = max(cfg["depths"])
+    fig, which = _depth.which_optimizer_figure(results, summary, deepest, args.out, prefix, title)
+    tput = _depth.throughput(results, cfg["batch_size"] * cfg["context"])
+    print("tokens/s per run (median over the LR grid):")
+    for k, v in tput.items():
+        print(f"  {k:18s} " + ", ".join(f"K={d}: {x:,.0f}" for d, x in v.items()))
+    return _depth.finish(
+        benchmark="gpt_depth", preset=preset, cfg=cfg, data=data, results=results, summary=summary,
+        extra={"throughput_tokens_per_s": tput, "which_optimizer": {"depth": deepest, "runs": which},
+               "figures": [*figures, fig], "lr_centers": {k: CENTERS[k] for k in cfg["optimizers"]}},
+        args=args, t0=t0,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""One learning rate across width and depth at once.
+
+Residual MLPs (``spectral_optax.lab.mlp_family``: byte-level next-byte
+prediction on the embedded text, blocks ``h + (2/K) f(h)``, Parametrization-1
+init) at every width x depth of a 3 x 3 grid, each swept over a factor-2 grid
+of peak LRs (5% warm-up, cosine decay), for ``muon`` and ``moga`` (p = 2),
+with AdamW under muP (``mup_adamw``, base width 64) as the comparison. The
+claim under test: the best LR of all nine configurations lies within one
+grid step (factor 2).
+
+    python -m benchmarks.joint_transfer [--quick] [--json PATH] [--out DIR] [--seeds K]
+        [--optimizers muon,moga,mup_adamw] [--widths 64,128,256] [--depths 2,8,32] [--steps N]
+
+JSON ``summary``: keyed by optimizer (``"muon"``, ``"moga"``, ``"mup_adamw"``),
+each with ``best_lr`` per configuration (``"w{width}/K{depth}"``, train loss),
+``best_lr_val`` (validation loss), ``spread_steps`` and ``spread_steps_val``
+over all nine, ``loss_at_best``, ``at_edge``, ``diverged``. Figure
+``OUT/joint_transfer_<preset>.png``: best LR against width, one curve per depth,
+the grey band one grid step wide around the median.
+
+Public API only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+import spectral_optax as so
+from benchmarks._common import environment, write_json
+from spectral_optax import lab
+
+PRESETS = {
+    "quick": {"widths": (64, 128, 256), "depths": (2, 8, 32), "steps": 100, "num_lrs": 5, "batch_size": 32,
+              "optimizers": ("muon", "moga")},
+    "cpu": {"widths": (64, 128, 256), "depths": (2, 8, 32), "steps": 300, "num_lrs": 7, "batch_size": 64,
+            "optimizers": ("muon", "moga", "mup_adamw")},
+}
+CENTERS = {"muon": 4e-2, "moga": 1.6e-2, "mup_adamw": 1.6e-2}
+BASE_WIDTH = 64
+
+
+def _code(width: int, depth: int) -> int:
+    """One sweep 'size' per configuration: width * 1000 + depth."""
+    return width * 1000 + depth
+
+
+def _decode(size: int) -> tuple[int, int]:
+    return size // 1000, size % 1000
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke-test preset")
+    p.add_argument("--json", default=None)
+    p.add_argument("--out", default="out")
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--optimizers", default=None, help="comma-separated subset of muon,moga,mup_adamw")
+    p.add_argument("--widths", default=None)
+    p.add_argument("--depths", default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    preset = "quick" if args.quick else "cpu"
+    cfg = dict(PRESETS[preset])
+    for key in ("widths", "depths"):
+        if getattr(args, key):
+            cfg[key] = tuple(int(v) for v in getattr(args, key).split(","))
+    if args.steps:
+        cfg["steps"] = args.steps
+    if args.optimizers:
+        cfg["optimizers"] = tuple(args.optimizers.split(","))
+    unknown = [o for o in cfg["optimizers"] if o not in CENTERS]
+    if unknown:
+        raise SystemExit(f"unknown optimizers {unknown}; have {list(CENTERS)}")
+
+    data = lab.load("text", context=8)
+    families = {w: lab.mlp_family(data, vary="depth", width=w, residual=True, alpha=lambda k: 2 / k,
+                                  init="spectral") for w in cfg["widths"]}
+
+    def family(size):
+        w, d = _decode(size)
+        return families[w](d)
+
+    def factory(name):
+        if name == "muon":
+            return lambda lr: so.muon(lr)
+        if name == "moga":
+            return lambda lr: so.moga(lr, p=2.0)
+        bases = {d: lab.mlp_family(data, vary="depth", width=BASE_WIDTH, residual=True, alpha=lambda k: 2 / k,
+                                   init="spectral")(d).shapes() for d in cfg["depths"]}
+        return lambda lr, size: so.mup_adamw(lr, base=bases[_decode(size)[1]])
+
+    sizes = [_code(w, d) for d in cfg["depths"] for w in cfg["widths"]]
+    os.makedirs(args.out, exist_ok=True)
+    results_path = os.path.join(args.out, f"joint_transfer_{preset}.jsonl")
+    t0 = time.time()
+    summary, results = {}, {}
+    for name in cfg["optimizers"]:
+        res = lab.sweep(family, factory(name), sizes, lab.lr_grid(CENTERS[name], cfg["num_lrs"]), data,
+                        steps=cfg["steps"], batch_size=cfg["batch_size"], seeds=list(range(args.seeds)),
+                        results=results_path, name=f"joint/{name}", size_name="config",
+                        schedule="warmup_cosine", eval_examples=1024, progress=not args.no_progress)
+        results[name] = res
+        both = res.summaries()
+        tr, va = both["train"], both["val"]
+
+        def by_config(d):
+            return {f"w{_decode(s)[0]}/K{_decode(s)[1]}": v for s, v in d.items()}
+
+        summary[name] = {
+            "best_lr": by_config(tr["best_lr"]), "best_lr_val": by_config(va["best_lr"]),
+            "spread_steps": tr["spread_steps"], "spread_steps_val": va["spread_steps"],
+            "loss_at_best": by_config(tr["loss_at_best"]), "val_loss_at_best": by_config(va["loss_at_best"]),
+            "at_edge": [f"w{_decode(s)[0]}/K{_decode(s)[1]}" for s in tr["at_edge"]],
+            "diverged": by_config(tr["diverged"]), "grid_ratio": tr["grid_ratio"],
+        }
+        print(f"[{time.time() - t0:6.0f}s] {name}: spread {tr['spread_steps']:.2f} grid steps (train), "
+              f"{va['spread_steps']:.2f} (val) over {len(sizes)} configurations; at edge "
+              f"{summary[name]['at_edge']}", flush=True)
+    fig = _figure(summary, cfg, os.path.join(args.out, f"joint_transfer_{preset}.png"))
+    table = _table(summary, cfg)
+    print(table)
+    write_json(args.json, {
+        "benchmark": "joint_transfer", "preset": preset,
+        "config": dict(cfg, data=data.name, seeds=args.seeds, schedule="warmup_cosine", base_blocks=2,
+                       lr_centers={k: CENTERS[k] for k in cfg["optimizers"]}, mup_base_width=BASE_WIDTH),
+        "summary": summary, "table": table, "figure": fig,
+        "runs": [r for res in results.values() for r in res.runs],
+        "wall_s": time.time() - t0, "environment": environment(),
+    })
+    return summary
+
+
+def _figure(summary, cfg, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.3 * len(names), 3.2), squeeze=False, sharey=True)
+    colors = plt.get_cmap("viridis")
+    for ax, name in zip(axes[0], names):
+        s = summary[name]
+        grid = lab.lr_grid(CENTERS[name], cfg["num_lrs"])
+        ax.set_ylim(grid[0] / 1.2, grid[-1] * 1.2)  # the whole LR grid: the band reads at a glance
+        allv = [v for v in s["best_lr"].values() if v is not None and np.isfinite(v)]
+        if allv:
+            mid = float(np.exp(np.median(np.log(allv))))
+            ax.axhspan(mid / np.sqrt(2), mid * np.sqrt(2), color="0.85", zorder=0,
+                       label="one grid step (x2)")
+        for i, d in enumerate(cfg["depths"]):
+            lrs = [s["best_lr"].get(f"w{w}/K{d}", np.nan) for w in cfg["widths"]]
+            ax.plot(cfg["widths"], lrs, marker="o", ms=4, color=colors(i / max(1, len(cfg["depths"]) - 1)),
+                    label=f"depth {d}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("width")
+        ax.set_title(f"{name}: spread {s['spread_steps']:.2f} grid steps", fontsize=9)
+        ax.grid(alpha=0.3, which="both", lw=0.4)
+    axes[0, 0].set_ylabel("best peak LR (train loss)")
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle("one LR across width x depth (residual MLP, h + (2/K) f(h), Parametrization 1)", fontsize=9)
+    fig.tight_layout()
+    lab.savefig(fig, path)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
+
+
+def _table(summary, cfg):
+    configs = [f"w{w}/K{d}" for d in cfg["depths"] for w in cfg["widths"]]
+    rows = ["| optimizer | " + " | ".join(configs) + " | spread train | spread val |",
+            "|" + "---|" * (len(configs) + 3)]
+    for name, s in summary.items():
+        cells = [f"{s['best_lr'].get(c, float('nan')):.3g}" + ("*" if c in s["at_edge"] else "") for c in configs]
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {s['spread_steps']:.2f} | {s['spread_steps_val']:.2f} |")
+    rows.append("(best peak LR on train loss; * = at the edge of the grid)")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()

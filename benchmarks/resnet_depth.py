@@ -1,0 +1,91 @@
+"""ResNet depth transfer: one peak learning rate for a CIFAR-style ResNet at every depth?
+
+The depth paper's Figures 3 and 5 at CPU scale: ``spectral_optax.nn.linen.ResNet``
+(three stages of K pre-activation basic blocks, two 3x3 convolutions each,
+every block ``h + alpha f(h)``, ``alpha = 2 / K`` scaled or ``1`` unscaled;
+Parametrization-1 init, conv kernels as ``(window x in) -> out`` matrices),
+swept over a factor-2 grid of *peak* LRs (5% linear warm-up, cosine decay)
+at every K, train and validation loss both reported.
+
+    python -m benchmarks.resnet_depth [--quick | --preset cpu|gpu] [--json PATH] [--out DIR]
+        [--seeds K] [--optimizers muon,moga1.5,moga2,moga2.5,adamw | all]
+        [--data digits_aug | cifar10:DIR | cifar100:DIR] [--depths 2,4,8] [--steps N]
+        [--width W] [--batch-size B] [--dtype bfloat16]
+
+Default data: the embedded 8x8 digits, augmented (random translations of up
+to 1 pixel on a 10x10 canvas, random contrast, pixel noise; 8 copies per
+training image; held-out digits for validation: ``lab.digits_augmented``), so
+the train loss stays clearly above 0 at the best LR. CIFAR-10/100 binary
+batches from a local directory with ``--data cifar100:DIR``.
+
+Outputs in OUT: ``resnet_depth_<preset>.jsonl`` (resumable),
+``resnet_depth_<preset>_train.png`` / ``_val.png``,
+``resnet_depth_<preset>_which_optimizer.png``, and with ``--json`` the
+summary (schema of ``benchmarks.depth_transfer``) and images per second.
+
+Public API only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from benchmarks import _depth
+from spectral_optax import lab
+
+PRESETS = {
+    "quick": {"depths": (2, 4), "width": 8, "batch_size": 32, "steps": 80, "num_lrs": 5,
+              "optimizers": ("muon", "moga2"), "dtype": "float32"},
+    "cpu": {"depths": (2, 4, 8), "width": 8, "batch_size": 32, "steps": 150, "num_lrs": 6,
+            "optimizers": ("muon", "moga2", "adamw"), "dtype": "float32"},
+    # Not measured yet (no accelerator in the session that wrote it); meant for --data cifar100:DIR.
+    "gpu": {"depths": (8, 16, 32), "width": 16, "batch_size": 128, "steps": 4000, "num_lrs": 9,
+            "optimizers": ("muon", "moga1.5", "moga2", "moga2.5", "adamw"), "dtype": "bfloat16"},
+}
+
+#: LR-grid centers (peak LR), factor-2 grids around them.
+#: (--quick with a grid around 0.04: Muon's best peak LR at its top edge, 0.08.)
+CENTERS = {"muon": 8e-2, "moga1.5": 3.2e-2, "moga2": 3.2e-2, "moga2.5": 3.2e-2, "adamw": 8e-3}
+
+
+def main(argv=None):
+    p = _depth.parser(__doc__.splitlines()[0], PRESETS)
+    p.add_argument("--data", default="digits_aug", help="digits_aug | cifar10:DIR | cifar100:DIR")
+    args = p.parse_args(argv)
+    preset, cfg = _depth.config(args, PRESETS)
+    import jax.numpy as jnp
+
+    data = lab.load(args.data, flatten=False)
+    dtype = jnp.bfloat16 if cfg["dtype"] == "bfloat16" else None
+    os.makedirs(args.out, exist_ok=True)
+    results_path = os.path.join(args.out, f"resnet_depth_{preset}.jsonl")
+    tag = f"resnet-w{cfg['width']}-{cfg['dtype']}"
+    t0 = time.time()
+
+    def family(scaled):
+        return lab.resnet_family(data, width=cfg["width"], scaled=scaled, dtype=dtype)
+
+    results, summary = _depth.run_sweeps(
+        family=family, data=data, cfg=cfg, centers=CENTERS, results_path=results_path,
+        seeds=args.seeds, tag=tag, schedule=args.schedule, progress=not args.no_progress,
+    )
+    prefix = f"resnet_depth_{preset}"
+    title = f"ResNet ({data.name}, width {cfg['width']}, {cfg['steps']} steps)"
+    figures = _depth.sweep_figures(results, args.out, prefix, title)
+    deepest = max(cfg["depths"])
+    fig, which = _depth.which_optimizer_figure(results, summary, deepest, args.out, prefix, title)
+    tput = _depth.throughput(results, cfg["batch_size"])
+    print("images/s per run (median over the LR grid):")
+    for k, v in tput.items():
+        print(f"  {k:18s} " + ", ".join(f"K={d}: {x:,.0f}" for d, x in v.items()))
+    return _depth.finish(
+        benchmark="resnet_depth", preset=preset, cfg=cfg, data=data, results=results, summary=summary,
+        extra={"throughput_images_per_s": tput, "which_optimizer": {"depth": deepest, "runs": which},
+               "figures": [*figures, fig], "lr_centers": {k: CENTERS[k] for k in cfg["optimizers"]}},
+        args=args, t0=t0,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""How sharding flows through the transforms (see docs/sharding.md).
+
+Two regimes:
+
+* **jit with sharded arrays** (``NamedSharding`` on an ``Auto`` or
+  ``Explicit`` mesh, one or many hosts): every array carries its mesh in its
+  type (``jax.typeof(x).sharding``), and on ``Explicit`` meshes its
+  ``PartitionSpec`` too. Element-wise transforms and per-leaf reductions need
+  nothing: XLA partitions them and inserts the collectives. Orthogonalization
+  is the exception (a reduction over both matrix axes, repeated per
+  Newton-Schulz step), so :func:`spectral_optax.orthogonalize_via_newton_schulz`
+  distributes whole matrices over the devices (:func:`distribution_axes`).
+* **inside** ``shard_map`` **or** ``pmap`` the arrays are per-device blocks
+  and every transform sees its block only. Without ``axis_name`` a block is
+  taken for the whole parameter (right for replicated, data-parallel
+  parameters; a documented local-only behaviour). With ``axis_name`` (the
+  ``in_specs`` of the parameters, or a mesh axis name for the FSDP layout
+  ``P(name)``) every dual map gathers the blocks of each leaf along its
+  sharded dimensions, computes on the whole parameter, and keeps its own
+  block (:func:`gathered`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+__all__ = [
+    "AxisName",
+    "aval_mesh",
+    "axis_specs",
+    "distribution_axes",
+    "explicit_spec",
+    "gathered",
+]
+
+#: What ``axis_name=`` accepts: a mesh axis name, a tuple of names, a
+#: ``PartitionSpec`` or a tree of them (a prefix of the updates tree).
+AxisName = Any
+
+
+def aval_mesh(x):
+    """The (abstract) mesh in ``x``'s type, or ``None`` (concrete arrays and tracers alike)."""
+    try:
+        sharding = jax.typeof(x).sharding
+    except Exception:  # noqa: BLE001  (non-array leaves, old types)
+        return None
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or not getattr(mesh, "axis_names", ()):
+        return None
+    return mesh
+
+
+def _axis_types(mesh) -> dict[str, str]:
+    types = getattr(mesh, "axis_types", None) or ()
+    return {name: str(t).split(".")[-1] for name, t in zip(mesh.axis_names, types)}
+
+
+def distribution_axes(mesh) -> tuple[str, ...]:
+    """Mesh axes over which whole matrices can be spread: every non-manual axis of size > 1."""
+    if mesh is None:
+        return ()
+    types = _axis_types(mesh)
+    shape = dict(mesh.shape)
+    return tuple(a for a in mesh.axis_names if types.get(a) != "Manual" and shape[a] > 1)
+
+
+def is_explicit(mesh, axes: Sequence[str]) -> bool:
+    types = _axis_types(mesh)
+    return any(types.get(a) == "Explicit" for a in axes)
+
+
+def explicit_spec(x, ndim: int) -> P | None:
+    """``x``'s ``PartitionSpec`` from its type (``Explicit`` axes only; ``None`` when unknown)."""
+    try:
+        sharding = jax.typeof(x).sharding
+    except Exception:  # noqa: BLE001
+        return None
+    spec = getattr(sharding, "spec", None)
+    mesh = getattr(sharding, "mesh", None)
+    if spec is None or mesh is None:
+        return None
+    names = [n for entry in spec for n in ((entry,) if isinstance(entry, str) else (entry or ()))]
+    if not names or not is_explicit(mesh, names):
+        return None
+    return P(*tuple(spec) + (None,) * (ndim - len(spec)))
+
+
+def spec_axes(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def on_auto_axes(fn: Callable, *args, num_outputs: int = 1):
+    """``fn(*args)`` with every ``Explicit`` mesh axis of the arguments turned ``Auto``
+    (``jax.sharding.auto_axes``), outputs replicated over them.
+
+    For small results of contractions over sharded axes (power-iteration
+    vectors), whose sharding ``Explicit`` types would otherwise ask for.
+    """
+    for x in jax.tree.leaves(args):
+        mesh = aval_mesh(x)
+        axes = tuple(a for a in distribution_axes(mesh) if is_explicit(mesh, (a,))) if mesh is not None else ()
+        if axes:
+            specs = P() if num_outputs == 1 else (P(),) * num_outputs
+            with jax.sharding.use_abstract_mesh(mesh):
+                return jax.sharding.auto_axes(fn, axes=axes, out_sharding=specs)(*args)
+    return fn(*args)
+
+
+# --------------------------------------------------------------------------
+# shard_map / pmap: axis_name.
+# --------------------------------------------------------------------------
+def _as_spec(value) -> P | None:
+    if value is None or isinstance(value, P):
+        return value
+    if isinstance(value, str):
+        return P(value)
+    if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+        return P(value)
+    raise ValueError(
+        f"axis_name must be a mesh axis name, a tuple of names, a PartitionSpec or a tree of "
+        f"PartitionSpecs (a prefix of the updates), got {value!r}"
+    )
+
+
+def axis_specs(axis_name: AxisName, tree) -> list[P | None]:
+    """One ``PartitionSpec`` (or ``None``) per leaf of ``tree`` from ``axis_name``.
+
+    A name ``'data'`` or a tuple of names means ``P(names)`` for every leaf of
+    at least one dimension (the FSDP layout, sharded along the first axis);
+    a ``PartitionSpec`` applies to every leaf; a tree of them must be a
+    prefix of ``tree`` (e.g. the ``in_specs`` given to ``shard_map``).
+    """
+    if not _is_tree(axis_name):
+        spec = _as_spec(axis_name)
+        return [spec if getattr(x, "ndim", 0) else None for x in jax.tree.leaves(tree)]
+    return _broadcast_specs(axis_name, tree)
+
+
+def _broadcast_specs(axis_name, tree) -> list[P | None]:
+    is_spec = lambda s: s is None or isinstance(s, P)
+    try:
+        full = jax.tree.broadcast(axis_name, tree, is_leaf=is_spec)
+    except ValueError as e:  # structure mismatch
+        raise ValueError(
+            "axis_name given as a tree must be a prefix of the updates tree (e.g. the in_specs of the "
+            f"parameters given to shard_map): {e}"
+        ) from None
+    flat = jax.tree.leaves(full, is_leaf=is_spec)
+    return [_as_spec(s) for s in flat]
+
+
+def _gather(x, spec: P | None):
+    if spec is None:
+        return x
+    for d, entry in enumerate(spec):
+        names = spec_axes(entry)
+        if names:
+            x = jax.lax.all_gather(x, names if len(names) > 1 else names[0], axis=d, tiled=True)
+    return x
+
+
+def _keep_block(x, spec: P | None, local_shape):
+    if spec is None:
+        return x
+    for d, entry in enumerate(spec):
+        names = spec_axes(entry)
+        if names:
+            n = local_shape[d]
+            idx = jax.lax.axis_index(names if len(names) > 1 else names[0])
+            x = jax.lax.dynamic_slice_in_dim(x, idx * n, n, axis=d)
+    return x
+
+
+def gathered(update_fn: Callable, axis_name: AxisName) -> Callable:
+    """Wrap a stateless ``update_fn(updates, state, params, **extra)`` for sharded blocks.
+
+    Inside ``shard_map`` / ``pmap`` with ``axis_name``: every update leaf is
+    all-gathered along its sharded dimensions (``jax.lax.all_gather(...,
+    tiled=True)``), ``update_fn`` runs on whole parameters (so every norm,
+    row/column reduction and Newton-Schulz iteration equals the unsharded
+    one), and each device keeps its own block. ``axis_name=None`` returns
+    ``update_fn`` unchanged (every block is taken for a whole parameter).
+    """
+    if axis_name is None:
+        return update_fn
+    if not _is_tree(axis_name):
+        _as_spec(axis_name)  # validate at construction
+
+    def wrapped(updates, state, params=None, **extra_args):
+        flat, treedef = jax.tree_util.tree_flatten(updates)
+        specs = axis_specs(axis_name, updates)
+        if len(specs) != len(flat):
+            raise ValueError(f"axis_name gives {len(specs)} specs for {len(flat)} update leaves")
+        whole = [_gather(x, s) for x, s in zip(flat, specs)]
+        out, state = update_fn(jax.tree_util.tree_unflatten(treedef, whole), state, params, **extra_args)
+        out_flat = treedef.flatten_up_to(out)
+        blocks = [_keep_block(y, s, x.shape) for y, s, x in zip(out_flat, specs, flat)]
+        return jax.tree_util.tree_unflatten(treedef, blocks), state
+
+    return wrapped
+
+
+def _is_tree(value) -> bool:
+    return not (
+        value is None
+        or isinstance(value, (str, P))
+        or (isinstance(value, tuple) and all(isinstance(v, str) for v in value))
+    )
+
+
+def mesh_size(mesh, axes: Sequence[str]) -> int:
+    shape = dict(mesh.shape)
+    return int(math.prod(shape[a] for a in axes))
