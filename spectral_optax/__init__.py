@@ -47,6 +47,7 @@ from spectral_optax._geometry import (
     Geometry,
     GeometryError,
     GeometryMap,
+    GeometryWarning,
     as_geometry_map,
     from_matrix,
     infer_geometry,
@@ -60,7 +61,7 @@ from spectral_optax._optimizers.moga import (
     moga_labels,
     rescaled_adamw,
 )
-from spectral_optax._optimizers.muon import MUON_ROUTES, muon
+from spectral_optax._optimizers.muon import MUON_ROUTES, contrib_muon, muon
 
 # Named optimizers.
 from spectral_optax._optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
@@ -120,7 +121,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Geometry", "GeometryError", "GeometryMap", "as_geometry_map", "from_matrix", "infer_geometry",
+    "Geometry", "GeometryError", "GeometryMap", "GeometryWarning", "as_geometry_map", "from_matrix", "infer_geometry",
     "label_by_geometry", "map_with_geometry", "to_matrix",
     "column_normalize", "lp_dual_direction", "row_normalize",
     "MUON_QUINTIC", "newton_schulz", "optimal_quintic", "polar_express_coefficients",
@@ -128,7 +129,8 @@ __all__ = [
     "scale_by_col_norm", "scale_by_row_norm", "scale_by_sign", "orthogonalize_via_newton_schulz",
     "scale_by_spectral_trust_ratio",
     "EmaMomentumState", "ema_momentum", "scale_by_fan_out_rms", "DecoupledWeightDecayState", "decoupled_weight_decay",
-    "mup_adamw", "mup_sgd", "spectral_sgd", "MUON_ROUTES", "muon", "MOGA_RULES", "moga", "moga_labels", "rescaled_adamw",
+    "mup_adamw", "mup_sgd", "spectral_sgd", "MUON_ROUTES", "muon", "contrib_muon", "MOGA_RULES", "moga", "moga_labels",
+    "rescaled_adamw",
     "BRANCH_OUT_PATTERN", "decoupled_weight_decay", "depth_residual_scale", "depth_scaled_init",
     "residual_alpha", "scale_init",
     "initializers", "describe",

@@ -321,11 +321,12 @@ def depth_residual_scale(
     mask_fn = residual_branch_mask(mask, geometry)
 
     def init_fn(params):
-        _check_selection(mask_fn, params, "depth_residual_scale")
+        if jax.tree_util.tree_leaves(params):  # not optax.tree_map_params' empty placeholder
+            _check_selection(mask_fn, params, "depth_residual_scale")
         return optax.EmptyState()
 
-    def update_fn(updates, state, params=None):
-        del params
+    def update_fn(updates, state, params=None, **extra_args):
+        del params, extra_args
         labels = mask_fn(updates)
 
         def scale(u, m):
@@ -335,4 +336,4 @@ def depth_residual_scale(
 
         return jax.tree_util.tree_map(scale, updates, labels), state
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -19,6 +19,12 @@ Kinds:
     token's fan-out vector has RMS Theta(1); the effective input width is 1.
   * ``'vector'``: biases and norm scales, a matrix fed by a constant input of
     width 1 (``d_in = 1``), so its target is RMS 1.
+  * ``'elementwise'``: a leaf no rule could decide (the documented fallback,
+    see :class:`GeometryMap`): every entry is its own ``1 x 1`` slice
+    (``to_matrix`` gives ``(size, 1, 1)``), so each optimizer sends it to its
+    element-wise route (AdamW in ``muon``, sign in ``moga``, per-entry
+    normalization in ``spectral_sgd``, plain SGD / Adam steps in the muP
+    optimizers).
 
 Roles: ``'hidden'`` (default), ``'output'`` (the read-out / head layer, which
 some optimizers treat differently). Inferred from names, overridable.
@@ -33,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +48,9 @@ import jax.numpy as jnp
 import numpy as np
 
 KINDS = ("matrix", "embedding", "vector")
+#: The fallback kind of a leaf no rule decides (not a layer type: no dual map of its own).
+ELEMENTWISE = "elementwise"
+ALL_KINDS = KINDS + (ELEMENTWISE,)
 ROLES = ("hidden", "output")
 
 # Leaf / module names recognised by the inference rules.
@@ -61,13 +71,23 @@ class GeometryError(ValueError):
     """A parameter whose geometry cannot be decided, or an invalid override."""
 
 
+class UndecidableGeometryError(GeometryError):
+    """No rule decides a leaf's geometry (raised with ``strict=True``; otherwise
+    the leaf falls back to ``'elementwise'`` with a :class:`GeometryWarning`)."""
+
+
+class GeometryWarning(UserWarning):
+    """A leaf fell back to the ``'elementwise'`` geometry (no rule decided it)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Geometry:
     """How one parameter array acts as a (batch of) linear map(s).
 
     Attributes:
       shape: the parameter's shape.
-      kind: ``'matrix'``, ``'embedding'`` or ``'vector'``.
+      kind: ``'matrix'``, ``'embedding'``, ``'vector'`` or ``'elementwise'``
+        (no fan axes: every entry is a batch slice of size ``1 x 1``).
       fan_in_axes: axes contracted with the layer input (empty for vectors).
       fan_out_axes: axes that produce the layer output.
       fan_out_splits: the fan-out dimension is the concatenation of this many
@@ -90,8 +110,8 @@ class Geometry:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "fan_in_axes", norm(self.fan_in_axes))
         object.__setattr__(self, "fan_out_axes", norm(self.fan_out_axes))
-        if self.kind not in KINDS:
-            raise GeometryError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind not in ALL_KINDS:
+            raise GeometryError(f"kind must be one of {ALL_KINDS}, got {self.kind!r}")
         if self.role not in ROLES:
             raise GeometryError(f"role must be one of {ROLES}, got {self.role!r}")
         both = set(self.fan_in_axes) & set(self.fan_out_axes)
@@ -100,9 +120,11 @@ class Geometry:
                 f"invalid axes for shape {shape}: fan_in_axes={self.fan_in_axes}, "
                 f"fan_out_axes={self.fan_out_axes} (must be distinct axes of the array)"
             )
+        if self.kind == ELEMENTWISE and (self.fan_in_axes or self.fan_out_axes):
+            raise GeometryError(f"an 'elementwise' geometry has no fan axes (shape {shape})")
         if self.kind == "matrix" and ndim and not self.fan_in_axes:
             raise GeometryError(f"a 'matrix' needs at least one fan-in axis (shape {shape})")
-        if self.kind != "vector" and ndim and not self.fan_out_axes:
+        if self.kind not in ("vector", ELEMENTWISE) and ndim and not self.fan_out_axes:
             raise GeometryError(f"a {self.kind!r} needs at least one fan-out axis (shape {shape})")
         if self.fan_out_splits < 1 or self._d(self.fan_out_axes) % self.fan_out_splits:
             raise GeometryError(
@@ -166,6 +188,11 @@ class Geometry:
         if fan_out_axes is None:
             fan_out_axes = tuple(range(len(shape)))
         return cls(tuple(shape), "vector", (), tuple(fan_out_axes), **kw)
+
+    @classmethod
+    def elementwise(cls, shape, **kw) -> Geometry:
+        """Every entry on its own (canonical view ``(size, 1, 1)``): the fallback kind."""
+        return cls(tuple(shape), ELEMENTWISE, (), (), **kw)
 
     def replace(self, **kw) -> Geometry:
         return dataclasses.replace(self, **kw)
@@ -331,8 +358,7 @@ def _apply_override(override: Override, path: str, shape: tuple[int, ...]) -> Ge
     if isinstance(override, Geometry):
         if override.shape != shape:
             raise GeometryError(
-                f"override for parameter '{path}' has shape {override.shape}, but the parameter "
-                f"has shape {shape}"
+                f"override for parameter '{path}' has shape {override.shape}, but the parameter has shape {shape}"
             )
         return override
     if callable(override):
@@ -349,6 +375,8 @@ def _apply_override(override: Override, path: str, shape: tuple[int, ...]) -> Ge
                 return Geometry.vector(shape, **fields)
             if kind == "embedding":
                 return Geometry.embedding(shape, **fields)
+            if kind == ELEMENTWISE:
+                return Geometry.elementwise(shape, **fields)
             if ndim < 2 and "fan_in_axes" not in fields:
                 raise GeometryError("a matrix needs >= 2 axes or explicit fan_in_axes")
             fields.setdefault("fan_in_axes", (-2,))
@@ -360,6 +388,19 @@ def _apply_override(override: Override, path: str, shape: tuple[int, ...]) -> Ge
         f"override for parameter '{path}' must be a Geometry, a kind string, a dict of Geometry "
         f"fields or a callable (path, shape) -> Geometry; got {type(override).__name__}"
     )
+
+
+def _compile_overrides(overrides: Mapping[str, Override]) -> list:
+    out = []
+    for k, v in overrides.items():
+        try:
+            out.append((re.compile(k), v))
+        except re.error as e:
+            raise GeometryError(
+                f"geometry override {k!r} is not a valid regular expression ({e}); overrides map a regex "
+                "re.search-ed on the '/'-joined parameter path to a Geometry, a kind or a dict of fields"
+            ) from e
+    return out
 
 
 def _override_help(path: str, shape: tuple[int, ...]) -> str:
@@ -388,7 +429,13 @@ class GeometryMap:
          norms and treats extra leading axes as stacked-layer batch axes;
       4. Flax naming conventions (``kernel``, ``embedding``, ``bias``,
          ``scale``, module names such as ``Dense_0``, ``Conv_1``, ``query``).
-    A leaf no rule covers raises :class:`GeometryError` naming its path.
+
+    A leaf no rule covers (e.g. a 3-D leaf ``'w'`` of a plain pytree) falls
+    back to ``Geometry.elementwise(shape)`` with a :class:`GeometryWarning`
+    naming its path and the override that fixes it: every named optimizer
+    has an element-wise route for it (as ``optax.contrib.muon`` sends non-2-D
+    leaves to Adam). With ``strict=True`` such a leaf raises
+    :class:`GeometryError` instead. The decision is made once per leaf, here.
     """
 
     def __init__(
@@ -397,13 +444,13 @@ class GeometryMap:
         *,
         tree: Any = None,
         hints: Mapping[tuple[str, ...], Mapping[str, _Layout]] | None = None,
+        strict: bool = False,
     ):
-        self.overrides = [(re.compile(k), v) for k, v in (overrides or {}).items()]
+        self.strict = bool(strict)
+        self.overrides = _compile_overrides(overrides or {})
         self.explicit: dict[str, Geometry] = {}
         if tree is not None:
-            flat, _ = jax.tree_util.tree_flatten_with_path(
-                tree, is_leaf=lambda x: isinstance(x, Geometry)
-            )
+            flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, Geometry))
             for p, g in flat:
                 if isinstance(g, Geometry):
                     self.explicit[path_str(p)] = g
@@ -413,19 +460,19 @@ class GeometryMap:
 
     # -- constructors from models -------------------------------------------
     @classmethod
-    def from_nnx(cls, module, overrides=None) -> GeometryMap:
+    def from_nnx(cls, module, overrides=None, *, strict: bool = False) -> GeometryMap:
         """Exact layouts read from a live ``flax.nnx`` module."""
-        return cls(overrides, hints=_hints_from_nnx(module))
+        return cls(overrides, hints=_hints_from_nnx(module), strict=strict)
 
     @classmethod
-    def from_linen(cls, module, *args, overrides=None, **kwargs) -> GeometryMap:
+    def from_linen(cls, module, *args, overrides=None, strict: bool = False, **kwargs) -> GeometryMap:
         """Exact layouts from a Linen module, traced (shapes only) on ``args``."""
-        return cls(overrides, hints=_hints_from_linen(module, args, kwargs))
+        return cls(overrides, hints=_hints_from_linen(module, args, kwargs), strict=strict)
 
     def with_overrides(self, overrides: Mapping[str, Override]) -> GeometryMap:
-        new = GeometryMap(hints=self.hints)
+        new = GeometryMap(hints=self.hints, strict=self.strict)
         new.explicit = dict(self.explicit)
-        new.overrides = [(re.compile(k), v) for k, v in overrides.items()] + self.overrides
+        new.overrides = _compile_overrides(overrides) + self.overrides
         return new
 
     # -- resolution -----------------------------------------------------------
@@ -445,10 +492,28 @@ class GeometryMap:
             for p, s in zip(*key):
                 g = self._decided.get((p, s))
                 if g is None:
-                    g = self._decided[(p, s)] = self._resolve_one(p, s, shape_of)
+                    g = self._decided[(p, s)] = self._decide(p, s, shape_of)
                 out.append(g)
             self._cache[key] = tuple(out)
         return self._cache[key]
+
+    def _decide(self, path: str, shape: tuple[int, ...], shape_of) -> Geometry:
+        """:meth:`_resolve_one`, with the element-wise fallback unless ``strict``."""
+        try:
+            return self._resolve_one(path, shape, shape_of)
+        except UndecidableGeometryError:
+            if self.strict:
+                raise
+            warnings.warn(
+                f"parameter '{path}' with shape {shape}: no rule decides its geometry, so it gets the "
+                "element-wise route (AdamW in muon, sign in moga, per-entry normalization in "
+                "spectral_sgd, a plain SGD / Adam step in the muP optimizers). "
+                + _override_help(path, shape)
+                + "\n  Pass geometry=spectral_optax.GeometryMap(strict=True) to make this an error.",
+                GeometryWarning,
+                stacklevel=2,
+            )
+            return Geometry.elementwise(shape, role="output" if _is_output_path(path) else "hidden")
 
     def _resolve_one(self, path: str, shape: tuple[int, ...], shape_of) -> Geometry:
         for pattern, override in self.overrides:
@@ -525,10 +590,9 @@ class GeometryMap:
                 "attention" in grandparent.lower() or any(s in shape_of for s in siblings)
             ):
                 return Geometry(shape, "matrix", (ndim - 3, ndim - 2), (ndim - 1,), role=role)
-        raise GeometryError(
+        raise UndecidableGeometryError(
             f"cannot infer the geometry of parameter '{path}' with shape {shape}: no Flax naming "
-            f"rule decides which of its {ndim} axes are fan-in, fan-out and batch axes.\n"
-            + _override_help(path, shape)
+            f"rule decides which of its {ndim} axes are fan-in, fan-out and batch axes.\n" + _override_help(path, shape)
         )
 
     # -- user-facing ---------------------------------------------------------
@@ -566,7 +630,9 @@ def as_geometry_map(geometry: GeometryLike = None) -> GeometryMap:
 
     Accepts ``None`` (infer from names), a :class:`GeometryMap`, a dict
     ``{regex: override}``, a tree whose leaves are :class:`Geometry` (matched
-    by path), or a live ``flax.nnx.Module``.
+    by path), or a live ``flax.nnx.Module``. Leaves that no rule decides fall
+    back to ``'elementwise'`` with a warning; use ``GeometryMap(..., strict=True)``
+    to raise instead.
     """
     if geometry is None:
         return GeometryMap()
@@ -606,9 +672,7 @@ def infer_geometry(params, geometry: GeometryLike = None) -> Any:
     return as_geometry_map(geometry).tree(params)
 
 
-def map_with_geometry(
-    fn: Callable, geometry: GeometryLike, tree, *rest, num_outputs: int = 1, with_path: bool = False
-):
+def map_with_geometry(fn: Callable, geometry: GeometryLike, tree, *rest, num_outputs: int = 1, with_path: bool = False):
     """``tree_map`` over ``tree`` (and same-structure ``rest``) calling
     ``fn(geometry, leaf, *rest_leaves)`` with each leaf's :class:`Geometry`.
 
@@ -623,9 +687,7 @@ def map_with_geometry(
     paths = [path_str(p) for p, _ in flat]
     shapes = [tuple(np.shape(x)) for _, x in flat]
     is_array = [hasattr(x, "shape") for _, x in flat]
-    geoms = gmap.resolve(
-        [p for p, a in zip(paths, is_array) if a], [s for s, a in zip(shapes, is_array) if a]
-    )
+    geoms = gmap.resolve([p for p, a in zip(paths, is_array) if a], [s for s, a in zip(shapes, is_array) if a])
     it = iter(geoms)
     out = []
     for i, (_, x) in enumerate(flat):
@@ -640,9 +702,7 @@ def map_with_geometry(
     return tuple(jax.tree_util.tree_unflatten(treedef, [y[k] for y in out]) for k in range(num_outputs))
 
 
-def label_by_geometry(
-    label_fn: Callable[[str, Geometry], str], geometry: GeometryLike = None
-) -> Callable[[Any], Any]:
+def label_by_geometry(label_fn: Callable[[str, Geometry], Any], geometry: GeometryLike = None) -> Callable[[Any], Any]:
     """A ``param_labels`` callable for ``optax.partition`` driven by geometry.
 
     Args:

@@ -1,4 +1,5 @@
-"""Shared test helpers: reference comparisons at an explicit matmul precision.
+"""Shared test helpers: reference comparisons at an explicit matmul precision,
+and the hypothesis profiles.
 
 On a GPU, float32 matmuls run by default at TensorFloat-32 (10 mantissa bits)
 and on a TPU as one bfloat16 pass, so a float32 forward pass or training run
@@ -10,6 +11,12 @@ changes nothing on a CPU.
 
 ``tf32_round`` emulates a GPU's TensorFloat-32 operand rounding on any
 backend, so that CPU tests can reproduce accelerator-only failures.
+
+Hypothesis profiles: ``ci`` (default) runs a few derandomized examples per
+property, fast enough for every run; ``thorough`` (``pytest
+--hypothesis-profile=thorough tests/test_properties.py``) generates >= 10,000
+cases in all (the run reported in docs/reliability.md). Both use a fixed seed
+(derandomize), so a failure reproduces.
 """
 
 from __future__ import annotations
@@ -18,6 +25,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=10, derandomize=True, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "thorough", max_examples=2500, derandomize=True, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("ci")
 
 
 @pytest.fixture

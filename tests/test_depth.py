@@ -344,9 +344,23 @@ def test_scale_init_and_depth_scaled_init_agree_with_model_init(highest_precisio
 
 
 def test_inject_hyperparams_and_schedule():
+    """Injected schedule + depth scaling: each step's update is the un-injected chain's, whose
+    branch-out leaves are alpha = 2/4 times spectral_sgd's at the schedule's learning rate."""
     params = _toy_params()
-    tx = optax.inject_hyperparams(
-        lambda learning_rate: optax.chain(
-            so.spectral_sgd(learning_rate), so.depth_residual_scale(4)))(learning_rate=0.1)
-    out, _ = jax.jit(tx.update)(params, tx.init(params), params)
-    assert all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree_util.tree_leaves(out))
+    sched = optax.linear_schedule(0.1, 0.02, 4)
+    make = lambda learning_rate: optax.chain(
+        so.spectral_sgd(learning_rate, momentum=0.5), so.depth_residual_scale(4))
+    tx = optax.inject_hyperparams(make)(learning_rate=sched)
+    plain = so.spectral_sgd(0.1, momentum=0.5)  # unit check against a constant-LR run, rescaled
+    s, sp = tx.init(params), plain.init(params)
+    step = jax.jit(tx.update)
+    branch = re.compile(so.BRANCH_OUT_PATTERN)
+    for t in range(3):
+        g = jax.tree.map(lambda x, t=t: x * (1.0 + t) + jnp.arange(x.size).reshape(x.shape) % 3, params)
+        u, s = step(g, s, params)
+        up, sp = plain.update(g, sp, params)
+        assert float(s.hyperparams["learning_rate"]) == pytest.approx(float(sched(t)), rel=1e-6)
+        for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(u)[0], jax.tree_util.tree_leaves(up)):
+            name = "/".join(str(getattr(k, "key", k)) for k in path)
+            factor = (0.5 if branch.search(name) else 1.0) * float(sched(t)) / 0.1
+            np.testing.assert_allclose(np.asarray(a), factor * np.asarray(b), rtol=1e-5, err_msg=name)

@@ -1,5 +1,7 @@
 """Geometry inference on real Flax models, overrides, errors, the matrix view."""
 
+import warnings
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -110,9 +112,13 @@ def test_linen_scan_stack_batch_axis():
     model = ScanStack()
     x = jnp.ones((2, 4))
     p = model.init(jax.random.key(0), x)["params"]
-    # Custom names (fc1/fc2) in a scanned body are ambiguous from names alone ...
+    # Custom names (fc1/fc2) in a scanned body are ambiguous from names alone:
+    # an error with strict=True, else the element-wise fallback with a warning ...
     with pytest.raises(GeometryError, match="blocks/fc1/kernel"):
-        geoms(p)
+        geoms(p, GeometryMap(strict=True))
+    with pytest.warns(so.GeometryWarning, match="blocks/fc1/kernel"):
+        g = geoms(p)
+    assert axes(g["blocks/fc1/kernel"]) == ("elementwise", (), (), (0, 1, 2))
     # ... and exact once the model is traced.
     g = geoms(p, GeometryMap.from_linen(model, x))
     k = g["blocks/fc1/kernel"]
@@ -151,7 +157,10 @@ def test_nnx_state_and_module():
     assert g["norm/scale"].kind == "vector"
     # The geometry tree has the State's structure.
     tree = so.infer_geometry(state, model)
-    assert jax.tree.structure(tree, is_leaf=lambda x: isinstance(x, Geometry)) is not None
+    assert jax.tree.structure(tree, is_leaf=lambda x: isinstance(x, Geometry)) == jax.tree.structure(state)
+    flat = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Geometry))
+    assert all(isinstance(x, Geometry) for x in flat)
+    assert [x.shape for x in flat] == [tuple(x.shape) for x in jax.tree_util.tree_leaves(state)]
 
 
 def test_nnx_vmap_stack():
@@ -169,9 +178,32 @@ def test_nnx_vmap_stack():
 # ---------------------------------------------------------------- overrides and errors
 def test_unknown_leaf_error_names_path_and_fix():
     with pytest.raises(GeometryError) as e:
-        geoms({"block": {"w": jnp.ones((3, 4, 5))}})
+        geoms({"block": {"w": jnp.ones((3, 4, 5))}}, GeometryMap(strict=True))
     msg = str(e.value)
     assert "'block/w'" in msg and "(3, 4, 5)" in msg and "fan_in_axes" in msg
+
+
+def test_unknown_leaf_falls_back_to_elementwise_once_with_a_warning():
+    gmap = GeometryMap()
+    tree = {"block": {"w": jnp.ones((3, 4, 5))}, "Dense_0": {"kernel": jnp.ones((4, 5))}}
+    with pytest.warns(so.GeometryWarning) as record:
+        g = dict(gmap.leaves(tree))
+    assert len(record) == 1 and "'block/w'" in str(record[0].message) and "strict=True" in str(record[0].message)
+    w = g["block/w"]
+    assert (w.kind, w.num_slices, w.d_in, w.d_out) == ("elementwise", 60, 1, 1)
+    assert g["Dense_0/kernel"].kind == "matrix"
+    x = jnp.arange(60.0).reshape(3, 4, 5)
+    assert so.to_matrix(x, w).shape == (60, 1, 1)
+    np.testing.assert_array_equal(so.from_matrix(so.to_matrix(x, w), w), x)
+    with warnings.catch_warnings():  # decided once per map: no second warning
+        warnings.simplefilter("error")
+        assert dict(gmap.leaves(tree))["block/w"] == w
+    # The kind is also available as an override; a bad override still raises (never a fallback).
+    assert geoms(tree, {r"block/w$": "elementwise"})["block/w"] == w
+    with pytest.raises(GeometryError, match="block/w"):
+        geoms(tree, {r"block/w$": {"kind": "elementwise", "fan_in_axes": (0,)}})
+    with pytest.raises(GeometryError, match="no fan axes"):
+        Geometry((3, 4), "elementwise", (0,), ())
 
 
 def test_overrides_regex_dict_and_explicit_tree():

@@ -127,8 +127,13 @@ def test_transform_errors():
         so.orthogonalize_via_newton_schulz(kinds=("matrix", "tensor"))
     tx = so.orthogonalize_via_newton_schulz()
     bad = {"blocks": {"w3d": jnp.ones((2, 3, 4))}}
+    strict = so.orthogonalize_via_newton_schulz(geometry=so.GeometryMap(strict=True))
     with pytest.raises(so.GeometryError, match="blocks/w3d"):
-        tx.update(bad, tx.init(bad))
+        strict.update(bad, strict.init(bad))
+    # Non-strict: the element-wise leaf is not one of the orthogonalized kinds and passes through.
+    with pytest.warns(so.GeometryWarning, match="blocks/w3d"):
+        out, _ = tx.update(bad, tx.init(bad))
+    np.testing.assert_array_equal(out["blocks"]["w3d"], bad["blocks"]["w3d"])
 
 
 # ------------------------------------------------------------------ muon
@@ -219,7 +224,7 @@ def test_muon_normalize_route_and_output_adamw():
 
 def test_muon_custom_route_and_weight_decay_mask():
     custom = optax.sgd(1.0)
-    mask = lambda p: jax.tree.map(lambda x: False, p)  # noqa: E731
+    mask = lambda p: jax.tree.map(lambda x: False, p)
     tx = so.muon(0.1, embedding=custom, weight_decay=1.0, weight_decay_mask=mask, ns_coefficients=exact_polar)
     params, g = _params(), _grads(7)
     u, _ = tx.update(g, tx.init(params), params)
@@ -265,9 +270,28 @@ def test_muon_inject_hyperparams_and_schedule():
     # Same gradient twice: the Nesterov direction is ~g both times, so the
     # update ratio is the schedule's ratio (0.15 / 0.2).
     np.testing.assert_allclose(k1 / 0.15, k0 / 0.2, atol=2e-4)
-    state.hyperparams["momentum"] = jnp.asarray(0.5)
     _, state = step(g, state, params)
     assert float(state.hyperparams["learning_rate"]) == pytest.approx(0.1)
+
+
+def test_muon_injected_momentum_and_betas_change_the_update_as_built():
+    """An injected momentum / AdamW beta gives the update of muon built with that value."""
+    params = _params()
+    gs = [_grads(20 + i) for i in range(3)]
+    for hp, value in (("momentum", 0.5), ("adam_b1", 0.5), ("adam_b2", 0.9)):
+        tx = optax.inject_hyperparams(so.muon, static_args=("ns_coefficients",))(
+            learning_rate=0.1, ns_coefficients=exact_polar)
+        state = tx.init(params)
+        state.hyperparams[hp] = jnp.asarray(value)
+        built = so.muon(0.1, ns_coefficients=exact_polar, **{hp: value})
+        default = so.muon(0.1, ns_coefficients=exact_polar)
+        sb, sd = built.init(params), default.init(params)
+        for g in gs:
+            u, state = tx.update(g, state, params)
+            ub, sb = built.update(g, sb, params)
+            ud, sd = default.update(g, sd, params)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), u, ub)
+        assert any(not np.allclose(a, b, rtol=1e-4) for a, b in zip(jax.tree.leaves(ub), jax.tree.leaves(ud))), hp
 
 
 def test_muon_state_checkpoint_round_trip():

@@ -300,4 +300,9 @@ def test_bad_q_raises(bad):
 def test_unresolvable_geometry_names_the_path():
     tree = {"blocks": {"mystery": jnp.ones((2, 3, 4))}}
     with pytest.raises(so.GeometryError, match="blocks/mystery"):
-        apply(so.scale_by_row_norm(2.0), tree)
+        apply(so.scale_by_row_norm(2.0, geometry=so.GeometryMap(strict=True)), tree)
+    # Default: the element-wise fallback, every entry its own 1 x 1 slice -> sign.
+    signed = -2.0 * tree["blocks"]["mystery"]
+    with pytest.warns(so.GeometryWarning, match="blocks/mystery"):
+        out = apply(so.scale_by_row_norm(2.0), {"blocks": {"mystery": signed}})
+    np.testing.assert_array_equal(out["blocks"]["mystery"], np.sign(signed))

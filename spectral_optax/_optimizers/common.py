@@ -19,11 +19,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
-from spectral_optax._geometry import Geometry, GeometryMap, label_by_geometry
+from spectral_optax._geometry import Geometry, GeometryMap, label_by_geometry, path_str
 
-__all__ = ["geometry_partition"]
+__all__ = ["geometry_partition", "train_float_leaves"]
 
 
 def geometry_partition(
@@ -32,6 +33,7 @@ def geometry_partition(
     gmap: GeometryMap,
     *,
     split: Callable[[Any], Any] | None = None,
+    check_paths: Callable[[list[str]], None] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """``optax.partition(table, labels)`` with labels from each leaf's geometry.
 
@@ -43,14 +45,61 @@ def geometry_partition(
       split: optional ``params -> tree of bools``; a leaf whose value is
         False gets the route ``name + ':nodecay'`` (which must be in
         ``table``).
+      check_paths: optional ``paths -> None`` called with every leaf's
+        '/'-joined path (to reject per-path options that match nothing).
     """
     base = label_by_geometry(route_of, gmap)
 
     def labels(params):
         routes = base(params)
-        if split is None or not jax.tree.leaves(params):  # an empty tree: tree_map_params' placeholder
+        if not jax.tree.leaves(params):  # an empty tree: tree_map_params' placeholder
+            return routes
+        if check_paths is not None:
+            check_paths([path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]])
+        if split is None:
             return routes
         keep = split(params)
         return jax.tree.map(lambda r, k: r if k else r + ":nodecay", routes, keep)
 
     return optax.partition(dict(table), labels)
+
+
+def _zero_update() -> optax.GradientTransformationExtraArgs:
+    """Updates of exactly zero in each parameter's own dtype (the parameter stays as it is)."""
+
+    def update_fn(updates, state, params=None, **extra_args):
+        del extra_args
+        if params is None:
+            return jax.tree.map(jnp.zeros_like, updates), state
+        return jax.tree.map(lambda u, p: jnp.zeros(jnp.shape(p), jnp.result_type(p)), updates, params), state
+
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
+
+
+def _trainable_labels(params):
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    labels = []
+    for path, x in flat:
+        if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+            raise TypeError(
+                f"parameter '{path_str(path)}' is a {type(x).__name__}, not an array: the optimizer "
+                "cannot update it in place. Store it as an array (jnp.asarray(value)) or keep it out "
+                "of the parameter tree."
+            )
+        trainable = jnp.issubdtype(x.dtype, jnp.inexact) and x.size > 0
+        labels.append("train" if trainable else "frozen")
+    return jax.tree_util.tree_unflatten(treedef, labels)
+
+
+def train_float_leaves(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+    """``tx`` on floating-point leaves with at least one entry; the others stay unchanged.
+
+    The bad-value contract of every named optimizer: integer and boolean
+    leaves (step counters, masks) and size-0 leaves get an update of exactly
+    zero in their own dtype (``optax.apply_updates`` leaves them bit for bit
+    as they are; ``tx`` never sees them, so no rule has to define a step for
+    them); a leaf that is not an array (a Python float) is rejected with a
+    ``TypeError`` naming its path. 0-d float leaves are trained (geometry
+    kind ``'vector'``).
+    """
+    return optax.partition({"train": tx, "frozen": _zero_update()}, _trainable_labels)

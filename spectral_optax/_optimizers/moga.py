@@ -32,7 +32,7 @@ from spectral_optax._geometry import (
     map_with_geometry,
 )
 from spectral_optax._numerics import static_value
-from spectral_optax._optimizers.common import geometry_partition
+from spectral_optax._optimizers.common import geometry_partition, train_float_leaves
 from spectral_optax._transforms.momentum import ema_momentum
 from spectral_optax._transforms.row_column import (
     scale_by_col_norm,
@@ -41,7 +41,7 @@ from spectral_optax._transforms.row_column import (
 )
 from spectral_optax._transforms.weight_decay import decay_then_learning_rate
 
-__all__ = ["moga", "moga_labels", "rescaled_adamw", "MOGA_RULES"]
+__all__ = ["MOGA_RULES", "moga", "moga_labels", "rescaled_adamw"]
 
 #: Per-leaf rules understood by :func:`moga` (values of ``rules=``).
 MOGA_RULES = ("row", "col", "head", "sign", "adam")
@@ -50,7 +50,7 @@ MOGA_RULES = ("row", "col", "head", "sign", "adam")
 def _default_rule(geom: Geometry, variant: str) -> str:
     if geom.kind == "matrix":
         return "head" if geom.role == "output" else variant
-    return "sign"  # embeddings, biases, norm scales
+    return "sign"  # embeddings, biases, norm scales, and 'elementwise' leaves (no rule decided them)
 
 
 def _route_fn(variant: str, rules: Mapping[str, Any] | None) -> Callable[[str, Geometry], str]:
@@ -111,9 +111,11 @@ def moga(
       (:func:`scale_by_col_norm`);
     * ``'head'`` (matrices with role ``'output'``): the row direction without
       fan scaling and without ``base_factor`` (unit ``l_{p*}`` fan-in vectors);
-    * ``'sign'`` (embeddings, biases, norm scales): ``sign(mu)``;
+    * ``'sign'`` (embeddings, biases, norm scales, and leaves no geometry
+      rule decides, kind ``'elementwise'``): ``sign(mu)``;
     * ``'adam'`` (only by request): Adam with ``b1=momentum``, ``adam_b2``,
-      ``adam_eps`` at the same learning rate.
+      ``adam_eps`` and ``nesterov`` (``optax.scale_by_adam``'s Nesterov form)
+      at the same learning rate.
 
     A fused QKV kernel declared with ``fan_out_splits=3`` in the geometry is
     normalized as three independent Q, K, V blocks (``d_out`` per block).
@@ -170,11 +172,16 @@ def moga(
     if variant not in ("row", "col"):
         raise ValueError(f"variant must be 'row' or 'col', got {variant!r}")
     for key, rule in (rules or {}).items():
-        re.compile(key)
+        try:
+            re.compile(key)
+        except re.error as e:
+            raise ValueError(
+                f"rules: {key!r} is not a valid regular expression ({e}); rules map a regex "
+                "re.search-ed on the '/'-joined parameter path to a rule"
+            ) from e
         if isinstance(rule, str) and rule not in MOGA_RULES:
             raise ValueError(
-                f"rules[{key!r}] = {rule!r}: a rule must be one of {MOGA_RULES} or an "
-                "optax.GradientTransformation"
+                f"rules[{key!r}] = {rule!r}: a rule must be one of {MOGA_RULES} or an optax.GradientTransformation"
             )
         if not isinstance(rule, (str, optax.GradientTransformation)):
             raise ValueError(
@@ -201,16 +208,31 @@ def moga(
         "head": momentum_then(scale_by_row_norm(p, geometry=gmap, fan_scaling=False, axis_name=axis_name)),
         "sign": momentum_then(scale_by_sign()),
         "adam": optax.scale_by_adam(
-            b1=momentum, b2=adam_b2, eps=adam_eps,
-            mu_dtype=None if mu_dtype is None else jnp.dtype(mu_dtype), nesterov=nesterov,
+            b1=momentum,
+            b2=adam_b2,
+            eps=adam_eps,
+            mu_dtype=None if mu_dtype is None else jnp.dtype(mu_dtype),
+            nesterov=nesterov,
         ),
     }
     for key, rule in (rules or {}).items():
         if not isinstance(rule, str):
             table[f"custom:{key}"] = rule
-    return optax.chain(
-        geometry_partition(table, _route_fn(variant, rules), gmap),
-        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+
+    def check_rules(paths):
+        for key in rules or {}:
+            if not any(re.search(key, p) for p in paths):
+                shown = "\n    ".join(paths[:12]) + ("\n    ..." if len(paths) > 12 else "")
+                raise ValueError(
+                    f"moga: rules[{key!r}] matches no parameter (the regex is re.search-ed on the "
+                    f"'/'-joined paths, which are:\n    {shown})\nFix the regex or drop the rule."
+                )
+
+    return train_float_leaves(
+        optax.chain(
+            geometry_partition(table, _route_fn(variant, rules), gmap, check_paths=check_rules),
+            *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+        )
     )
 
 
@@ -283,8 +305,10 @@ def rescaled_adamw(
         raise ValueError(f"q must be in (0, inf], got {q!r}")
     gmap = as_geometry_map(geometry)
     mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
-    return optax.chain(
-        optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
-        _scale_by_fan_ratio(p, q, gmap),
-        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+    return train_float_leaves(
+        optax.chain(
+            optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
+            _scale_by_fan_ratio(p, q, gmap),
+            *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+        )
     )

@@ -17,6 +17,9 @@ with ``scale = sqrt(d_out / d_in)`` by default (the spectral condition; see
 * the output head (a matrix with role ``'output'``): ``'muon'`` by default
   (the spectral condition holds for the read-out layer too), or ``'adamw'``
   / ``'normalize'``;
+* leaves no geometry rule decides (kind ``'elementwise'``, e.g. a 3-D leaf
+  of a plain pytree; a warning names them): AdamW, as ``optax.contrib.muon``
+  does for every non-2-D leaf;
 * any of them can be given an ``optax.GradientTransformation`` of your own
   (used as is: it must include its learning rate).
 
@@ -34,8 +37,13 @@ import jax
 import optax
 
 from spectral_optax._duals.polar import Coefficients
-from spectral_optax._geometry import Geometry, GeometryLike, as_geometry_map
-from spectral_optax._optimizers.common import geometry_partition
+from spectral_optax._geometry import (
+    Geometry,
+    GeometryLike,
+    GeometryMap,
+    as_geometry_map,
+)
+from spectral_optax._optimizers.common import geometry_partition, train_float_leaves
 from spectral_optax._transforms.momentum import ema_momentum
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
 from spectral_optax._transforms.spectral import scale_by_fan_out_rms
@@ -44,7 +52,7 @@ from spectral_optax._transforms.weight_decay import (
     is_literal_zero,
 )
 
-__all__ = ["muon", "MUON_ROUTES"]
+__all__ = ["MUON_ROUTES", "contrib_muon", "muon"]
 
 #: Built-in routes of :func:`muon` (values of ``embedding=``, ``vector=``, ``output=``).
 MUON_ROUTES = ("muon", "adamw", "normalize")
@@ -81,11 +89,15 @@ def muon(
     embedding: str | optax.GradientTransformation = "adamw",
     vector: str | optax.GradientTransformation = "adamw",
     output: str | optax.GradientTransformation = "muon",
+    elementwise: str | optax.GradientTransformation = "adamw",
+    bias_correction: bool = False,
     adam_learning_rate: optax.ScalarOrSchedule | None = None,
     adam_b1: float = 0.9,
     adam_b2: float = 0.999,
     adam_eps: float = 1e-8,
+    adam_eps_root: float = 0.0,
     adam_weight_decay: float = 0.0,
+    adam_nesterov: bool = False,
     mu_dtype: Any = None,
     distribute: bool | None = None,
     axis_name: Any = None,
@@ -102,7 +114,14 @@ def muon(
     ``vector=``) and role (``output=``) to ``'adamw'``, ``'normalize'`` (EMA
     momentum, each fan-out vector to RMS 1, decoupled weight decay, lr),
     ``'muon'``, or a transformation of your own (used as is: it must include
-    its learning rate).
+    its learning rate). Leaves no geometry rule decides get kind
+    ``'elementwise'`` (with a :class:`~spectral_optax.GeometryWarning`) and
+    the ``elementwise=`` route (AdamW by default); pass
+    ``geometry=GeometryMap(strict=True)`` to raise instead.
+
+    ``scale='spectral'`` (the default) differs from ``optax.contrib.muon``'s
+    ``sqrt(max(1, d_out / d_in))`` on layers with ``d_out < d_in``; for the
+    exact ``optax.contrib.muon`` update use :func:`contrib_muon`.
 
     The optimizer is one table ``{route: transform}`` (the routes above,
     each with and without decay) partitioned by geometry; the table does not
@@ -131,9 +150,15 @@ def muon(
       embedding: route of embedding tables.
       vector: route of biases and norm scales.
       output: route of the output head's matrix.
+      elementwise: route of leaves no geometry rule decides (kind
+        ``'elementwise'``).
+      bias_correction: debias the momentum as ``optax.contrib.muon`` does
+        (changes the Nesterov mix of momentum and gradient in early steps;
+        see :func:`spectral_optax.ema_momentum`).
       adam_learning_rate: AdamW route's learning rate (default: ``learning_rate``).
-      adam_b1, adam_b2, adam_eps: AdamW moments and epsilon.
+      adam_b1, adam_b2, adam_eps, adam_eps_root: AdamW moments and epsilons.
       adam_weight_decay: AdamW route's decoupled weight decay.
+      adam_nesterov: Nesterov form of the AdamW route (``optax.adamw``'s).
       mu_dtype: dtype of the momentum buffers (default: the param's dtype).
       distribute: spread whole matrices over the mesh's devices for the
         orthogonalization (default: when the updates are on a mesh); see
@@ -150,19 +175,28 @@ def muon(
       Jordan et al. (2024), Muon; Liu et al. (2025), Moonlight; Amsel et al.
       (2025), Polar Express. The math: docs/math.md.
     """
-    routes = {"embedding": embedding, "vector": vector, "output": output}
+    routes = {"embedding": embedding, "vector": vector, "output": output, "elementwise": elementwise}
     for name, value in routes.items():
         _check_route(name, value)
     gmap = as_geometry_map(geometry)
     adam_lr = learning_rate if adam_learning_rate is None else adam_learning_rate
 
     def momentum_then(direction):
-        return [ema_momentum(momentum, nesterov=nesterov, mu_dtype=mu_dtype), direction]
+        return [
+            ema_momentum(momentum, nesterov=nesterov, mu_dtype=mu_dtype, bias_correction=bias_correction),
+            direction,
+        ]
 
     # Built once here: validates the Newton-Schulz options at construction.
     orthogonalize = orthogonalize_via_newton_schulz(
-        geometry=gmap, scale=scale, ns_coefficients=ns_coefficients, ns_steps=ns_steps,
-        ns_method=ns_method, compute_dtype=compute_dtype, distribute=distribute, axis_name=axis_name,
+        geometry=gmap,
+        scale=scale,
+        ns_coefficients=ns_coefficients,
+        ns_steps=ns_steps,
+        ns_method=ns_method,
+        compute_dtype=compute_dtype,
+        distribute=distribute,
+        axis_name=axis_name,
     )
     heads = {
         "muon": momentum_then(orthogonalize),
@@ -173,7 +207,16 @@ def muon(
         table[name] = optax.chain(*parts, *decay_then_learning_rate(learning_rate, weight_decay, True))
         table[name + ":nodecay"] = optax.chain(*parts, *decay_then_learning_rate(learning_rate, 0.0))
     for name, wd in (("adamw", adam_weight_decay), ("adamw:nodecay", 0.0)):
-        table[name] = optax.adamw(adam_lr, b1=adam_b1, b2=adam_b2, eps=adam_eps, weight_decay=wd, mu_dtype=mu_dtype)
+        table[name] = optax.adamw(
+            adam_lr,
+            b1=adam_b1,
+            b2=adam_b2,
+            eps=adam_eps,
+            eps_root=adam_eps_root,
+            weight_decay=wd,
+            mu_dtype=mu_dtype,
+            nesterov=adam_nesterov,
+        )
     for key, value in routes.items():
         if isinstance(value, optax.GradientTransformation):
             table[f"custom:{key}"] = value
@@ -187,8 +230,91 @@ def muon(
     skip_decay = is_literal_zero(weight_decay) and is_literal_zero(adam_weight_decay)
     split = None
     if not skip_decay:
-        split = _decay_mask_fn(weight_decay_mask) if weight_decay_mask is not None else (
-            lambda params: jax.tree.map(lambda g: g.kind != "vector", gmap.tree(params),
-                                        is_leaf=lambda x: isinstance(x, Geometry))
+        split = (
+            _decay_mask_fn(weight_decay_mask)
+            if weight_decay_mask is not None
+            else (
+                lambda params: jax.tree.map(
+                    lambda g: g.kind != "vector", gmap.tree(params), is_leaf=lambda x: isinstance(x, Geometry)
+                )
+            )
         )
-    return geometry_partition(table, route_of, gmap, split=split)
+    return train_float_leaves(geometry_partition(table, route_of, gmap, split=split))
+
+
+def _contrib_geometry(path: str, shape: tuple[int, ...]) -> Geometry:
+    """``optax.contrib.muon``'s rule: 2-D leaves are ``(d_in, d_out)`` matrices, others element-wise."""
+    del path
+    return Geometry.matrix(shape) if len(shape) == 2 else Geometry.elementwise(shape)
+
+
+def contrib_muon(
+    learning_rate: optax.ScalarOrSchedule,
+    ns_steps: int = 5,
+    beta: float = 0.95,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    weight_decay_mask: Any = None,
+    mu_dtype: Any = None,
+    *,
+    nesterov: bool = True,
+    adam_b1: float = 0.9,
+    adam_b2: float = 0.999,
+    adam_eps_root: float = 0.0,
+    adam_weight_decay: float = 0.0,
+    adam_learning_rate: optax.ScalarOrSchedule | None = None,
+    consistent_rms: float | None = None,
+) -> optax.GradientTransformationExtraArgs:
+    """The update of ``optax.contrib.muon`` (default preconditioning), built from :func:`muon`.
+
+    Same arguments and defaults as ``optax.contrib.muon`` (``ns_coeffs`` fixed
+    to Muon's quintic), and the same update: every 2-D leaf is a ``(d_in,
+    d_out)`` matrix whatever its name (no geometry inference), every other
+    leaf gets AdamW (with ``eps``, ``nesterov`` and ``adam_*``); the
+    momentum is bias-corrected in contrib's Nesterov form; the orthogonalized
+    step is scaled by ``sqrt(max(1, d_out / d_in))`` (``scale='muon'``), or
+    by ``consistent_rms * sqrt(max(d_in, d_out))`` when given; then
+    ``weight_decay`` and ``-learning_rate``. It is :func:`muon` with
+    ``scale='muon', bias_correction=True, adam_nesterov=nesterov,
+    output='muon', elementwise='adamw', ns_method='standard',
+    compute_dtype=float32`` and the geometry above. Matches contrib's update
+    to ~1e-6 relative in float32 (tested to 1e-5 over several steps); contrib
+    adds ``eps`` to the Frobenius norm before Newton-Schulz, this does not.
+
+    One difference: a ``weight_decay_mask`` given here applies to both routes
+    (contrib applies it to the Muon leaves only); ``None`` decays every leaf,
+    as contrib does with ``weight_decay`` / ``adam_weight_decay``.
+    """
+    import jax.numpy as jnp
+
+    if consistent_rms is None:
+        scale: Any = "muon"
+    else:
+
+        def scale(g: Geometry):
+            return consistent_rms * max(g.d_in, g.d_out) ** 0.5
+
+    return muon(
+        learning_rate,
+        momentum=beta,
+        nesterov=nesterov,
+        weight_decay=weight_decay,
+        weight_decay_mask=True if weight_decay_mask is None else weight_decay_mask,
+        geometry=GeometryMap({"": _contrib_geometry}),
+        scale=scale,
+        ns_coefficients="quintic",
+        ns_steps=ns_steps,
+        ns_method="standard",
+        compute_dtype=jnp.float32,
+        output="muon",
+        elementwise="adamw",
+        bias_correction=True,
+        adam_learning_rate=adam_learning_rate,
+        adam_b1=adam_b1,
+        adam_b2=adam_b2,
+        adam_eps=eps,
+        adam_eps_root=adam_eps_root,
+        adam_weight_decay=adam_weight_decay,
+        adam_nesterov=nesterov,
+        mu_dtype=mu_dtype,
+    )

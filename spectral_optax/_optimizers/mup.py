@@ -18,14 +18,16 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optax
 
 from spectral_optax._geometry import GeometryLike, as_geometry_map
-from spectral_optax._transforms.weight_decay import decay_then_learning_rate
+from spectral_optax._optimizers.common import train_float_leaves
 from spectral_optax._transforms.parametrization import scale_by_parametrization1
 from spectral_optax._transforms.spectral import scale_by_spectral_norm
+from spectral_optax._transforms.weight_decay import decay_then_learning_rate
 
 ScalarOrSchedule = float | Callable[[Any], Any]
 
@@ -69,10 +71,12 @@ def spectral_sgd(
       Yang, Simon, Bernstein (2023), "A Spectral Condition for Feature Learning".
     """
     gmap = as_geometry_map(geometry)
-    return optax.chain(
-        _momentum(momentum, nesterov),
-        scale_by_spectral_norm(method=method, power_iterations=power_iterations, geometry=gmap),
-        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+    return train_float_leaves(
+        optax.chain(
+            _momentum(momentum, nesterov),
+            scale_by_spectral_norm(method=method, power_iterations=power_iterations, geometry=gmap),
+            *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+        )
     )
 
 
@@ -106,10 +110,12 @@ def mup_sgd(
       Yang, Simon, Bernstein (2023), Parametrization 1; Yang et al. (2021), muP.
     """
     gmap = as_geometry_map(geometry)
-    return optax.chain(
-        _momentum(momentum, nesterov),
-        scale_by_parametrization1("sgd", base=base, geometry=gmap),
-        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+    return train_float_leaves(
+        optax.chain(
+            _momentum(momentum, nesterov),
+            scale_by_parametrization1("sgd", base=base, geometry=gmap),
+            *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+        )
     )
 
 
@@ -144,8 +150,10 @@ def mup_adamw(
       Yang et al. (2021), "Tensor Programs V", Table 3; Loshchilov & Hutter (2019).
     """
     gmap = as_geometry_map(geometry)
-    return optax.chain(
-        optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
-        scale_by_parametrization1("adam", base=base, geometry=gmap),
-        *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+    return train_float_leaves(
+        optax.chain(
+            optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+            scale_by_parametrization1("adam", base=base, geometry=gmap),
+            *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
+        )
     )

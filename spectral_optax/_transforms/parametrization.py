@@ -96,7 +96,7 @@ def scale_by_parametrization1(
       geometry: geometry overrides, see :func:`spectral_optax.as_geometry_map`.
 
     Returns:
-      An ``optax.GradientTransformation``; updates keep their dtype.
+      An ``optax.GradientTransformationExtraArgs``; updates keep their dtype.
 
     References:
       Yang, Simon, Bernstein (2023), Parametrization 1; Yang et al. (2021), muP.
@@ -106,8 +106,8 @@ def scale_by_parametrization1(
     gmap = as_geometry_map(geometry)
     at_base = base_multipliers(base, kind, gmap) if base is not None else None
 
-    def update_fn(updates, state, params=None):
-        del params
+    def update_fn(updates, state, params=None, **extra_args):
+        del params, extra_args
 
         def leaf(path: str, g: Geometry, u):
             m = lr_multiplier(g, kind)
@@ -117,4 +117,4 @@ def scale_by_parametrization1(
 
         return map_with_geometry(leaf, gmap, updates, with_path=True), state
 
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)

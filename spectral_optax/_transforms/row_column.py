@@ -25,7 +25,7 @@ from spectral_optax._geometry import GeometryLike
 from spectral_optax._sharding import AxisName
 from spectral_optax._transforms.dual import dual_map_transform
 
-__all__ = ["scale_by_row_norm", "scale_by_col_norm", "scale_by_sign"]
+__all__ = ["scale_by_col_norm", "scale_by_row_norm", "scale_by_sign"]
 
 
 def scale_by_row_norm(
@@ -101,5 +101,6 @@ def scale_by_col_norm(
 
 def scale_by_sign() -> optax.GradientTransformation:
     """``u -> sign(u)`` elementwise (steepest descent in the max-entry norm;
-    MOGA's rule for embeddings and 1-D parameters). Dtypes preserved."""
-    return optax.scale_by_sign()
+    MOGA's rule for embeddings and 1-D parameters). Dtypes preserved; extra
+    keyword arguments of ``update`` are accepted and ignored."""
+    return optax.with_extra_args_support(optax.scale_by_sign())

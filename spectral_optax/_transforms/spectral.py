@@ -20,7 +20,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,15 +59,14 @@ def scale_by_fan_out_rms(
 
 class ScaleBySpectralNormState(NamedTuple):
     """``count``: updates so far. ``right_vectors``: warm-start right singular
-    vectors ``(num_slices, d_out)`` per matrix leaf (``method='power'``);
-    empty arrays otherwise."""
+    vectors of every matrix leaf (``(num_slices, d_out)`` each, in the order
+    of the parameter leaves), flattened and concatenated into one float32
+    vector (``method='power'``; empty otherwise). One array, not a
+    params-shaped tree, so ``optax.tree_map_params`` (which maps the leaves
+    shaped like the params) never hands them to its function."""
 
     count: jax.Array
-    right_vectors: Any
-
-
-def _empty(_g, _x):
-    return jnp.zeros((0,), jnp.float32)
+    right_vectors: jax.Array
 
 
 def scale_by_spectral_norm(
@@ -111,36 +110,40 @@ def scale_by_spectral_norm(
 
     def init_fn(params):
         count = jnp.zeros([], jnp.int32)
-        if method != "power":
-            return ScaleBySpectralNormState(count, map_with_geometry(_empty, geometry, params))
-        counter = iter(range(1 << 30))
-
-        def init_vectors(g: Geometry, x):
-            if g.kind != "matrix":
-                return _empty(g, x)
-            key = jax.random.fold_in(jax.random.key(0), next(counter))
-            return jax.random.normal(key, (g.num_slices, g.d_out), jnp.float32)
-
-        return ScaleBySpectralNormState(count, map_with_geometry(init_vectors, geometry, params))
+        vectors = [jnp.zeros((0,), jnp.float32)]
+        if method == "power":
+            flat = jax.tree_util.tree_leaves(
+                map_with_geometry(lambda g, x: g, geometry, params), is_leaf=lambda x: isinstance(x, Geometry)
+            )
+            for g in flat:
+                if isinstance(g, Geometry) and g.kind == "matrix":
+                    key = jax.random.fold_in(jax.random.key(0), len(vectors) - 1)
+                    vectors.append(jax.random.normal(key, (g.num_slices * g.d_out,), jnp.float32))
+        return ScaleBySpectralNormState(count, jnp.concatenate(vectors))
 
     def update_fn(updates, state, params=None, **extra_args):
         del params, extra_args
         iterations = jnp.where(state.count == 0, initial_power_iterations, power_iterations)
+        offset = 0
+        new_vectors = [jnp.zeros((0,), jnp.float32)]
 
-        def leaf(g: Geometry, u, v):
+        def leaf(g: Geometry, u):
             m = to_matrix(u, g)
             if g.kind != "matrix":
-                return from_matrix(normalize_fan_out_rms(m), g), v
+                return from_matrix(normalize_fan_out_rms(m), g)
             if method == "frobenius":
                 d = frobenius_normalize(m)
             else:
+                nonlocal offset
+                size = g.num_slices * g.d_out
+                v = state.right_vectors[offset : offset + size].reshape(g.num_slices, g.d_out)
+                offset += size
                 d, v = spectral_normalize_power(m, v, iterations)
-            return from_matrix(d * jnp.asarray(g.target_spectral_norm, d.dtype), g), v
+                new_vectors.append(v.reshape(-1).astype(jnp.float32))
+            return from_matrix(d * jnp.asarray(g.target_spectral_norm, d.dtype), g)
 
-        new_updates, new_vectors = map_with_geometry(
-            leaf, geometry, updates, state.right_vectors, num_outputs=2
-        )
+        new_updates = map_with_geometry(leaf, geometry, updates)
         count = optax.safe_increment(state.count)
-        return new_updates, ScaleBySpectralNormState(count, new_vectors)
+        return new_updates, ScaleBySpectralNormState(count, jnp.concatenate(new_vectors))
 
     return optax.GradientTransformationExtraArgs(init_fn, gathered(update_fn, axis_name))

@@ -110,9 +110,7 @@ def decoupled_weight_decay(
     def update_fn(updates, state, params=None, **extra_args):
         del extra_args
         if params is None:
-            raise ValueError(
-                "decoupled_weight_decay needs params: call tx.update(grads, state, params)."
-            )
+            raise ValueError("decoupled_weight_decay needs params: call tx.update(grads, state, params).")
         lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
         m = mask(params) if callable(mask) else mask
 
