@@ -151,8 +151,7 @@ def _n_required_positional(fn) -> int | None:
     except (TypeError, ValueError):
         return None
     return sum(
-        p.default is inspect.Parameter.empty
-        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         for p in sig.parameters.values()
     )
 
@@ -161,9 +160,7 @@ def _is_array(x) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def residual_branch_mask(
-    mask: MaskLike = BRANCH_OUT_PATTERN, geometry: GeometryLike = None
-) -> Callable[[Any], Any]:
+def residual_branch_mask(mask: MaskLike = BRANCH_OUT_PATTERN, geometry: GeometryLike = None) -> Callable[[Any], Any]:
     """Normalise a ``mask=`` argument into ``params -> tree of bools``.
 
     Args:
@@ -175,9 +172,7 @@ def residual_branch_mask(
       geometry: how leaves are resolved for a ``(path, geometry)`` callable;
         see :func:`spectral_optax.as_geometry_map`.
     """
-    if isinstance(mask, str) or (
-        isinstance(mask, Sequence) and mask and all(isinstance(m, str) for m in mask)
-    ):
+    if isinstance(mask, str) or (isinstance(mask, Sequence) and mask and all(isinstance(m, str) for m in mask)):
         patterns = [re.compile(m) for m in ([mask] if isinstance(mask, str) else mask)]
 
         return label_by_path(lambda path: any(p.search(path) for p in patterns))
@@ -192,7 +187,7 @@ def _selected_paths(mask_fn, params) -> tuple[list[str], list[str]]:
     labels = mask_fn(params)
     flat, _ = jax.tree_util.tree_flatten_with_path(params)
     try:
-        flat_labels = jax.tree_util.tree_structure(params).flatten_up_to(labels)
+        flat_labels = jax.tree_util.tree_structure(params).flatten_up_to(labels)  # type: ignore[attr-defined]
     except (ValueError, TypeError) as e:
         raise GeometryError(
             "depth_residual_scale: the mask tree does not have the structure of the parameters "

@@ -230,7 +230,7 @@ def from_matrix(m: jax.Array, geometry: Geometry) -> jax.Array:
     permuted_shape = tuple(g.shape[a] for a in perm)
     m = m.reshape(permuted_shape)
     if perm != tuple(range(len(perm))):
-        m = jnp.transpose(m, np.argsort(perm))
+        m = jnp.transpose(m, [int(i) for i in np.argsort(perm)])
     return m
 
 
@@ -586,9 +586,7 @@ class GeometryMap:
             if _QKV_NAME.match(parent):
                 return Geometry(shape, "matrix", (ndim - 3,), (ndim - 2, ndim - 1), role=role)
             siblings = ("/".join(parts[:-2] + [n, "kernel"]) for n in ("query", "qkv"))
-            if parent.lower() == "out" and (
-                "attention" in grandparent.lower() or any(s in shape_of for s in siblings)
-            ):
+            if parent.lower() == "out" and ("attention" in grandparent.lower() or any(s in shape_of for s in siblings)):
                 return Geometry(shape, "matrix", (ndim - 3, ndim - 2), (ndim - 1,), role=role)
         raise UndecidableGeometryError(
             f"cannot infer the geometry of parameter '{path}' with shape {shape}: no Flax naming "
@@ -683,7 +681,7 @@ def map_with_geometry(fn: Callable, geometry: GeometryLike, tree, *rest, num_out
     """
     gmap = as_geometry_map(geometry)
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    rest_flat = [treedef.flatten_up_to(r) for r in rest]
+    rest_flat = [treedef.flatten_up_to(r) for r in rest]  # type: ignore[attr-defined]
     paths = [path_str(p) for p, _ in flat]
     shapes = [tuple(np.shape(x)) for _, x in flat]
     is_array = [hasattr(x, "shape") for _, x in flat]

@@ -83,7 +83,7 @@ def moga(
     p: float = 2.0,
     *,
     variant: str = "row",
-    q: float | None = None,
+    q: Any = None,
     base_factor: float = 25.0,
     momentum: float = 0.95,
     nesterov: bool = False,

@@ -65,7 +65,7 @@ class ScaleBySpectralNormState(NamedTuple):
     params-shaped tree, so ``optax.tree_map_params`` (which maps the leaves
     shaped like the params) never hands them to its function."""
 
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's field name; shadows tuple.count
     right_vectors: jax.Array
 
 

@@ -72,7 +72,7 @@ def decay_then_learning_rate(
 class DecoupledWeightDecayState(NamedTuple):
     """Step count (for a learning-rate schedule)."""
 
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's field name; shadows tuple.count
 
 
 def decoupled_weight_decay(
