@@ -119,6 +119,16 @@ def time_update_steps(optimizers: dict, params, grads, reps: int, extra: dict | 
     return {n: float(np.median(v)) for n, v in times.items()}, times, compile_s
 
 
+def add_dtype_argument(p: argparse.ArgumentParser) -> None:
+    """``--dtype float32|bfloat16``: the lab benchmarks' numerics (see :func:`lab_numerics`)."""
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="numerics of the models and of Muon's iteration, the same on every backend",
+    )
+
+
 def on_accelerator() -> bool:
     """Whether JAX's default backend is a GPU or TPU (budgets are sized by backend)."""
     import jax

@@ -101,12 +101,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None, help="seeds (default: 1; 3 in the gpu preset)")
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
-    p.add_argument(
-        "--dtype",
-        default="float32",
-        choices=("float32", "bfloat16"),
-        help="numerics of the models and of Muon's iteration, the same on every backend",
-    )
+    _common.add_dtype_argument(p)
     _devices.add_arguments(p)
     args = p.parse_args(argv)
     devices = _devices.setup(args)

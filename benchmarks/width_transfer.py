@@ -106,12 +106,7 @@ def main(argv=None):
         "O(n^3) per step; no limit on a GPU/TPU)",
     )
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
-    p.add_argument(
-        "--dtype",
-        default="float32",
-        choices=("float32", "bfloat16"),
-        help="numerics of the models and of Muon's iteration, the same on every backend",
-    )
+    _common.add_dtype_argument(p)
     p.add_argument("--no-progress", action="store_true")
     _devices.add_arguments(p)
     args = p.parse_args(argv)

@@ -161,6 +161,21 @@ def _shape(shape) -> tuple[int, ...]:
     return tuple(int(s) for s in shape)
 
 
+def _prepare(name, shape, dtype, in_axis, out_axis, batch_axis, fan_out_splits):
+    """``(shape, output dtype, draw dtype, geometry)`` of one matrix initializer call."""
+    shape = _shape(shape)
+    out_dtype, draw_dtype = _dtypes(dtype)
+    return shape, out_dtype, draw_dtype, _matrix_geometry(name, shape, in_axis, out_axis, batch_axis, fan_out_splits)
+
+
+def _no_out_sharding(name: str, out_sharding) -> None:
+    if out_sharding is not None:
+        raise NotImplementedError(
+            f"{name} does not take out_sharding; shard the result instead "
+            "(e.g. jax.device_put or jax.sharding.reshard)."
+        )
+
+
 # --------------------------------------------------------------------------
 # Initializers.
 # --------------------------------------------------------------------------
@@ -205,9 +220,9 @@ def spectral_normal(
     default_dtype = dtype
 
     def init(key, shape, dtype=default_dtype, out_sharding=None) -> jax.Array:
-        shape = _shape(shape)
-        out_dtype, draw_dtype = _dtypes(dtype)
-        geom = _matrix_geometry("spectral_normal", shape, in_axis, out_axis, batch_axis, fan_out_splits)
+        shape, out_dtype, draw_dtype, geom = _prepare(
+            "spectral_normal", shape, dtype, in_axis, out_axis, batch_axis, fan_out_splits
+        )
         if math.prod(shape) == 0:
             return jnp.zeros(shape, out_dtype)
         d_in, d_out = geom.d_in, geom.d_out
@@ -251,14 +266,10 @@ def spectral_orthogonal(
     default_dtype = dtype
 
     def init(key, shape, dtype=default_dtype, out_sharding=None) -> jax.Array:
-        if out_sharding is not None:
-            raise NotImplementedError(
-                "spectral_orthogonal does not take out_sharding; shard the result instead "
-                "(e.g. jax.device_put or jax.sharding.reshard)."
-            )
-        shape = _shape(shape)
-        out_dtype, draw_dtype = _dtypes(dtype)
-        geom = _matrix_geometry("spectral_orthogonal", shape, in_axis, out_axis, batch_axis, fan_out_splits)
+        _no_out_sharding("spectral_orthogonal", out_sharding)
+        shape, out_dtype, draw_dtype, geom = _prepare(
+            "spectral_orthogonal", shape, dtype, in_axis, out_axis, batch_axis, fan_out_splits
+        )
         if math.prod(shape) == 0:
             return jnp.zeros(shape, out_dtype)
         d_in, d_out = geom.d_in, geom.d_out
@@ -372,14 +383,10 @@ def spectral_normalized(
     default_dtype = dtype
 
     def init(key, shape, dtype=default_dtype, out_sharding=None) -> jax.Array:
-        if out_sharding is not None:
-            raise NotImplementedError(
-                "spectral_normalized does not take out_sharding; shard the result instead "
-                "(e.g. jax.device_put or jax.sharding.reshard)."
-            )
-        shape = _shape(shape)
-        out_dtype, draw_dtype = _dtypes(dtype)
-        geom = _matrix_geometry("spectral_normalized", shape, in_axis, out_axis, batch_axis, fan_out_splits)
+        _no_out_sharding("spectral_normalized", out_sharding)
+        shape, out_dtype, draw_dtype, geom = _prepare(
+            "spectral_normalized", shape, dtype, in_axis, out_axis, batch_axis, fan_out_splits
+        )
         if math.prod(shape) == 0:
             return jnp.zeros(shape, out_dtype)
         w0 = jnp.asarray(base_init(key, shape, draw_dtype))
