@@ -70,7 +70,6 @@ References:
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -79,6 +78,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from spectral_optax._callables import required_positional
 from spectral_optax._geometry import (
     GeometryError,
     GeometryLike,
@@ -145,15 +145,6 @@ def scale_init(init: Callable, alpha: float) -> Callable:
 # --------------------------------------------------------------------------
 # The mask: which leaves are the last layer of a residual branch.
 # --------------------------------------------------------------------------
-def _n_required_positional(fn) -> int | None:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-    return sum(
-        p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        for p in sig.parameters.values()
-    )
 
 
 def _is_array(x) -> bool:
@@ -177,7 +168,7 @@ def residual_branch_mask(mask: MaskLike = BRANCH_OUT_PATTERN, geometry: Geometry
 
         return label_by_path(lambda path: any(p.search(path) for p in patterns))
     if callable(mask):
-        if _n_required_positional(mask) == 2:
+        if required_positional(mask) == 2:
             return label_by_geometry(lambda path, g: bool(mask(path, g)), geometry)
         return mask
     return lambda params: mask

@@ -25,7 +25,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from spectral_optax._callables import required_positional
 from spectral_optax._geometry import (
     Geometry,
     GeometryLike,
@@ -281,17 +281,8 @@ class CoordCheck:
 
 
 def _call_with_base(factory, width, base):
-    try:
-        n = len(
-            [
-                p
-                for p in inspect.signature(factory).parameters.values()
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-            ]
-        )
-    except (TypeError, ValueError):
-        n = 1
-    return factory(width, base) if n >= 2 else factory(width)
+    n = required_positional(factory, default=1)
+    return factory(width, base) if n is not None and n >= 2 else factory(width)
 
 
 def coord_check(

@@ -34,7 +34,6 @@ only meaningful where that loss stays clearly above the task's floor.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 import os
@@ -48,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from spectral_optax._callables import required_positional
 from spectral_optax.lab._plots import plot_sweep
 from spectral_optax.lab._summary import summarize
 
@@ -190,17 +190,8 @@ class SweepResult:
 # The harness.
 # --------------------------------------------------------------------------
 def _call_factory(factory: Callable, lr, size):
-    try:
-        n = len(
-            [
-                p
-                for p in inspect.signature(factory).parameters.values()
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-            ]
-        )
-    except (TypeError, ValueError):
-        n = 2
-    return factory(lr, size) if n >= 2 else factory(lr)
+    n = required_positional(factory, default=2)
+    return factory(lr, size) if n is not None and n >= 2 else factory(lr)
 
 
 def _num_chunks(steps: int, target: int) -> int:
