@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 import spectral_optax as so
+from benchmarks import _devices
 from benchmarks._common import environment, write_json
 from benchmarks.depth_transfer import _table
 from spectral_optax import lab
@@ -62,6 +63,7 @@ def parser(description: str, presets) -> argparse.ArgumentParser:
                    help="computation dtype (bfloat16 for accelerators; parameters stay float32)")
     p.add_argument("--schedule", choices=("warmup_cosine", "constant"), default="warmup_cosine")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    _devices.add_arguments(p)
     return p
 
 
@@ -81,7 +83,7 @@ def config(args, presets) -> tuple[str, dict]:
 
 
 def run_sweeps(*, family, data, cfg, centers, results_path, seeds, tag, schedule, progress,
-               eval_examples=256, val_curve=True):
+               eval_examples=256, val_curve=True, devices=None):
     """Sweep every optimizer x {unscaled, scaled}; returns (results, summary), printing as it goes.
 
     ``family(scaled: bool) -> (depth -> lab.Model)``; ``centers[name]``: LR-grid center.
@@ -97,7 +99,7 @@ def run_sweeps(*, family, data, cfg, centers, results_path, seeds, tag, schedule
                 data=data, steps=cfg["steps"], batch_size=cfg["batch_size"], seeds=list(range(seeds)),
                 results=results_path, name=key, tag=tag, size_name="depth", progress=progress,
                 schedule=schedule, eval_examples=eval_examples, val_curve=val_curve,
-                chunks=cfg.get("chunks", 5),
+                chunks=cfg.get("chunks", 5), devices=devices,
             )
             results[key] = res
             both = res.summaries()

@@ -28,8 +28,12 @@ from __future__ import annotations
 import os
 import time
 
-from benchmarks import _depth
-from spectral_optax import lab
+from benchmarks import _devices
+
+_devices.early_flags()  # --devices N: before JAX starts
+
+from benchmarks import _depth  # noqa: E402
+from spectral_optax import lab  # noqa: E402
 
 PRESETS = {
     # ~1e8 flops per step per LR at depth 16 (width 32, 512 tokens per step).
@@ -73,7 +77,10 @@ def main(argv=None):
     results, summary = _depth.run_sweeps(
         family=family, data=data, cfg=cfg, centers=CENTERS, results_path=results_path,
         seeds=args.seeds, tag=tag, schedule=args.schedule, progress=not args.no_progress,
+        devices=_devices.setup(args),
     )
+    if not _devices.is_writer():  # multi-host: process 0 writes figures and the JSON
+        return summary
     prefix = f"gpt_depth_{preset}"
     title = f"GPT (width {cfg['width']}, context {cfg['context']}, {cfg['steps']} steps)"
     figures = _depth.sweep_figures(results, args.out, prefix, title)

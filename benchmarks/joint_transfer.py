@@ -27,11 +27,15 @@ import argparse
 import os
 import time
 
-import numpy as np
+from benchmarks import _devices
 
-import spectral_optax as so
-from benchmarks._common import environment, write_json
-from spectral_optax import lab
+_devices.early_flags()  # --devices N: before JAX starts
+
+import numpy as np  # noqa: E402
+
+import spectral_optax as so  # noqa: E402
+from benchmarks._common import environment, write_json  # noqa: E402
+from spectral_optax import lab  # noqa: E402
 
 PRESETS = {
     "quick": {"widths": (64, 128, 256), "depths": (2, 8, 32), "steps": 100, "num_lrs": 5, "batch_size": 32,
@@ -63,7 +67,9 @@ def main(argv=None):
     p.add_argument("--depths", default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
+    _devices.add_arguments(p)
     args = p.parse_args(argv)
+    devices = _devices.setup(args)
     preset = "quick" if args.quick else "cpu"
     cfg = dict(PRESETS[preset])
     for key in ("widths", "depths"):
@@ -103,7 +109,8 @@ def main(argv=None):
         res = lab.sweep(family, factory(name), sizes, lab.lr_grid(CENTERS[name], cfg["num_lrs"]), data,
                         steps=cfg["steps"], batch_size=cfg["batch_size"], seeds=list(range(args.seeds)),
                         results=results_path, name=f"joint/{name}", size_name="config",
-                        schedule="warmup_cosine", eval_examples=1024, progress=not args.no_progress)
+                        schedule="warmup_cosine", eval_examples=1024, progress=not args.no_progress,
+                        devices=devices)
         results[name] = res
         both = res.summaries()
         tr, va = both["train"], both["val"]
@@ -121,6 +128,8 @@ def main(argv=None):
         print(f"[{time.time() - t0:6.0f}s] {name}: spread {tr['spread_steps']:.2f} grid steps (train), "
               f"{va['spread_steps']:.2f} (val) over {len(sizes)} configurations; at edge "
               f"{summary[name]['at_edge']}", flush=True)
+    if not _devices.is_writer():  # multi-host: process 0 writes figures and the JSON
+        return summary
     fig = _figure(summary, cfg, os.path.join(args.out, f"joint_transfer_{preset}.png"))
     table = _table(summary, cfg)
     print(table)

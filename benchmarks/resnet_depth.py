@@ -31,8 +31,12 @@ from __future__ import annotations
 import os
 import time
 
-from benchmarks import _depth
-from spectral_optax import lab
+from benchmarks import _devices
+
+_devices.early_flags()  # --devices N: before JAX starts
+
+from benchmarks import _depth  # noqa: E402
+from spectral_optax import lab  # noqa: E402
 
 PRESETS = {
     "quick": {"depths": (2, 4), "width": 8, "batch_size": 32, "steps": 80, "num_lrs": 5,
@@ -69,7 +73,10 @@ def main(argv=None):
     results, summary = _depth.run_sweeps(
         family=family, data=data, cfg=cfg, centers=CENTERS, results_path=results_path,
         seeds=args.seeds, tag=tag, schedule=args.schedule, progress=not args.no_progress,
+        devices=_devices.setup(args),
     )
+    if not _devices.is_writer():  # multi-host: process 0 writes figures and the JSON
+        return summary
     prefix = f"resnet_depth_{preset}"
     title = f"ResNet ({data.name}, width {cfg['width']}, {cfg['steps']} steps)"
     figures = _depth.sweep_figures(results, args.out, prefix, title)
