@@ -249,3 +249,34 @@ def finish(*, benchmark, preset, cfg, data, results, summary, extra, args, t0):
     }
     write_json(args.json, payload)
     return payload
+
+
+def run_and_report(*, benchmark, family, data, cfg, preset, args, centers, tag, title, units_per_step, unit):
+    """The whole depth benchmark after its model family is built: sweeps, figures, throughput, JSON.
+
+    ``unit``: what ``units_per_step`` counts (``'tokens'``, ``'images'``), for the throughput report.
+    """
+    os.makedirs(args.out, exist_ok=True)
+    results_path = os.path.join(args.out, f"{benchmark}_{preset}.jsonl")
+    t0 = time.time()
+    results, summary = run_sweeps(
+        family=family, data=data, cfg=cfg, centers=centers, results_path=results_path,
+        seeds=args.seeds, tag=tag, schedule=args.schedule, progress=not args.no_progress,
+        devices=_devices.setup(args),
+    )
+    if not _devices.is_writer():  # multi-host: process 0 writes figures and the JSON
+        return summary
+    prefix = f"{benchmark}_{preset}"
+    figures = sweep_figures(results, args.out, prefix, title)
+    deepest = max(cfg["depths"])
+    fig, which = which_optimizer_figure(results, summary, deepest, args.out, prefix, title)
+    tput = throughput(results, units_per_step)
+    print(f"{unit}/s per run (median over the LR grid):")
+    for k, v in tput.items():
+        print(f"  {k:18s} " + ", ".join(f"K={d}: {x:,.0f}" for d, x in v.items()))
+    return finish(
+        benchmark=benchmark, preset=preset, cfg=cfg, data=data, results=results, summary=summary,
+        extra={f"throughput_{unit}_per_s": tput, "which_optimizer": {"depth": deepest, "runs": which},
+               "figures": [*figures, fig], "lr_centers": {k: centers[k] for k in cfg["optimizers"]}},
+        args=args, t0=t0,
+    )

@@ -28,9 +28,6 @@ Public API only.
 
 from __future__ import annotations
 
-import os
-import time
-
 from benchmarks import _devices
 
 _devices.early_flags()  # --devices N: before JAX starts
@@ -62,35 +59,15 @@ def main(argv=None):
 
     data = lab.load(args.data, flatten=False)
     dtype = jnp.bfloat16 if cfg["dtype"] == "bfloat16" else None
-    os.makedirs(args.out, exist_ok=True)
-    results_path = os.path.join(args.out, f"resnet_depth_{preset}.jsonl")
     tag = f"resnet-w{cfg['width']}-{cfg['dtype']}"
-    t0 = time.time()
 
     def family(scaled):
         return lab.resnet_family(data, width=cfg["width"], scaled=scaled, dtype=dtype)
 
-    results, summary = _depth.run_sweeps(
-        family=family, data=data, cfg=cfg, centers=CENTERS, results_path=results_path,
-        seeds=args.seeds, tag=tag, schedule=args.schedule, progress=not args.no_progress,
-        devices=_devices.setup(args),
-    )
-    if not _devices.is_writer():  # multi-host: process 0 writes figures and the JSON
-        return summary
-    prefix = f"resnet_depth_{preset}"
-    title = f"ResNet ({data.name}, width {cfg['width']}, {cfg['steps']} steps)"
-    figures = _depth.sweep_figures(results, args.out, prefix, title)
-    deepest = max(cfg["depths"])
-    fig, which = _depth.which_optimizer_figure(results, summary, deepest, args.out, prefix, title)
-    tput = _depth.throughput(results, cfg["batch_size"])
-    print("images/s per run (median over the LR grid):")
-    for k, v in tput.items():
-        print(f"  {k:18s} " + ", ".join(f"K={d}: {x:,.0f}" for d, x in v.items()))
-    return _depth.finish(
-        benchmark="resnet_depth", preset=preset, cfg=cfg, data=data, results=results, summary=summary,
-        extra={"throughput_images_per_s": tput, "which_optimizer": {"depth": deepest, "runs": which},
-               "figures": [*figures, fig], "lr_centers": {k: CENTERS[k] for k in cfg["optimizers"]}},
-        args=args, t0=t0,
+    return _depth.run_and_report(
+        benchmark="resnet_depth", family=family, data=data, cfg=cfg, preset=preset, args=args, centers=CENTERS,
+        tag=tag, title=f"ResNet ({data.name}, width {cfg['width']}, {cfg['steps']} steps)",
+        units_per_step=cfg["batch_size"], unit="images",
     )
 
 
