@@ -38,9 +38,12 @@ from benchmarks._common import environment, write_json  # noqa: E402
 from spectral_optax import lab  # noqa: E402
 
 PRESETS = {
-    "quick": {"widths": (64, 128, 256), "depths": (2, 8, 32), "steps": 100, "num_lrs": 5, "batch_size": 32,
-              "optimizers": ("muon", "moga")},
-    "cpu": {"widths": (64, 128, 256), "depths": (2, 8, 32), "steps": 300, "num_lrs": 7, "batch_size": 64,
+    # A smoke test (<= 4 min on 2 cores): a smaller 3 x 3 grid. Muon's cost is dominated by Newton-Schulz
+    # (~15 d^3 flops per hidden matrix per step per LR, 2K matrices), so width 256 x depth 32 alone costs
+    # ~5e10 flops per step per LR: the grid is the default preset's.
+    "quick": {"widths": (32, 64, 128), "depths": (2, 4, 16), "steps": 80, "num_lrs": 5, "batch_size": 32,
+              "optimizers": ("muon", "moga", "mup_adamw")},
+    "cpu": {"widths": (64, 128, 256), "depths": (2, 8, 32), "steps": 150, "num_lrs": 6, "batch_size": 64,
             "optimizers": ("muon", "moga", "mup_adamw")},
 }
 CENTERS = {"muon": 4e-2, "moga": 1.6e-2, "mup_adamw": 1.6e-2}
