@@ -148,33 +148,39 @@ def main(argv=None):
 
 
 def _figure(summary, cfg, path):
+    """Best peak LR against width, one curve per depth, one column per optimizer; train loss (top row)
+    and validation loss (bottom row); the grey band is one grid step (x2) wide around the median."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(summary)
-    fig, axes = plt.subplots(1, len(names), figsize=(3.3 * len(names), 3.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(2, len(names), figsize=(3.3 * len(names), 5.6), squeeze=False)
     colors = plt.get_cmap("viridis")
-    for ax, name in zip(axes[0], names):
+    for j, name in enumerate(names):
         s = summary[name]
         grid = lab.lr_grid(CENTERS[name], cfg["num_lrs"])
-        ax.set_ylim(grid[0] / 1.2, grid[-1] * 1.2)  # the whole LR grid: the band reads at a glance
-        allv = [v for v in s["best_lr"].values() if v is not None and np.isfinite(v)]
-        if allv:
-            mid = float(np.exp(np.median(np.log(allv))))
-            ax.axhspan(mid / np.sqrt(2), mid * np.sqrt(2), color="0.85", zorder=0,
-                       label="one grid step (x2)")
-        for i, d in enumerate(cfg["depths"]):
-            lrs = [s["best_lr"].get(f"w{w}/K{d}", np.nan) for w in cfg["widths"]]
-            ax.plot(cfg["widths"], lrs, marker="o", ms=4, color=colors(i / max(1, len(cfg["depths"]) - 1)),
-                    label=f"depth {d}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-        ax.set_xlabel("width")
-        ax.set_title(f"{name}: spread {s['spread_steps']:.2f} grid steps", fontsize=9)
-        ax.grid(alpha=0.3, which="both", lw=0.4)
-    axes[0, 0].set_ylabel("best peak LR (train loss)")
+        for i, (key, spread, what) in enumerate((("best_lr", "spread_steps", "train"),
+                                                 ("best_lr_val", "spread_steps_val", "val"))):
+            ax = axes[i, j]
+            ax.set_ylim(grid[0] / 1.2, grid[-1] * 1.2)  # the whole LR grid: the band reads at a glance
+            allv = [v for v in s[key].values() if v is not None and np.isfinite(v)]
+            if allv:
+                mid = float(np.exp(np.median(np.log(allv))))
+                ax.axhspan(mid / np.sqrt(2), mid * np.sqrt(2), color="0.85", zorder=0,
+                           label="one grid step (x2)")
+            for k, d in enumerate(cfg["depths"]):
+                lrs = [s[key].get(f"w{w}/K{d}", np.nan) for w in cfg["widths"]]
+                ax.plot(cfg["widths"], lrs, marker="o", ms=4, color=colors(k / max(1, len(cfg["depths"]) - 1)),
+                        label=f"depth {d}")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log", base=2)
+            ax.set_xlabel("width", fontsize=8)
+            ax.set_title(f"{name} ({what}): spread {s[spread]:.2f} grid steps", fontsize=9)
+            ax.grid(alpha=0.3, which="both", lw=0.4)
+            if j == 0:
+                ax.set_ylabel(f"best peak LR ({what} loss)", fontsize=8)
     axes[0, 0].legend(fontsize=7)
     fig.suptitle("one LR across width x depth (residual MLP, h + (2/K) f(h), Parametrization 1)", fontsize=9)
     fig.tight_layout()
