@@ -9,7 +9,7 @@ claim under test: the best LR of all nine configurations lies within one
 grid step (factor 2).
 
     python -m benchmarks.joint_transfer [--quick] [--json PATH] [--out DIR] [--seeds K]
-        [--optimizers muon,moga,mup_adamw] [--widths 64,128,256] [--depths 2,8,32] [--steps N]
+        [--optimizers muon,moga,mup_adamw] [--widths 64,128,256] [--depths 2,8,32] [--steps N] [--num-lrs N] [--batch-size B]
 
 JSON ``summary``: keyed by optimizer (``"muon"``, ``"moga"``, ``"mup_adamw"``),
 each with ``best_lr`` per configuration (``"w{width}/K{depth}"``, train loss),
@@ -69,6 +69,8 @@ def main(argv=None):
     p.add_argument("--widths", default=None)
     p.add_argument("--depths", default=None)
     p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--num-lrs", type=int, default=None, help="LR-grid points (overrides the preset)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size (overrides the preset)")
     p.add_argument("--no-progress", action="store_true")
     _devices.add_arguments(p)
     args = p.parse_args(argv)
@@ -78,8 +80,9 @@ def main(argv=None):
     for key in ("widths", "depths"):
         if getattr(args, key):
             cfg[key] = tuple(int(v) for v in getattr(args, key).split(","))
-    if args.steps:
-        cfg["steps"] = args.steps
+    for key in ("steps", "num_lrs", "batch_size"):
+        if getattr(args, key):
+            cfg[key] = getattr(args, key)
     if args.optimizers:
         cfg["optimizers"] = tuple(args.optimizers.split(","))
     unknown = [o for o in cfg["optimizers"] if o not in CENTERS]
