@@ -46,7 +46,9 @@ PRESETS = {
     "cpu": {"widths": (64, 128, 256), "depths": (2, 8, 32), "steps": 150, "num_lrs": 6, "batch_size": 64,
             "optimizers": ("muon", "moga", "mup_adamw")},
 }
-CENTERS = {"muon": 4e-2, "moga": 1.6e-2, "mup_adamw": 1.6e-2}
+#: LR-grid centers (peak LR), factor-2 grids around them. (cpu preset, 2026-11-29: mup_adamw's best LR at
+#: the top edge 0.064 around 1.6e-2 for widths 128 and 256, hence 3.2e-2.)
+CENTERS = {"muon": 4e-2, "moga": 1.6e-2, "mup_adamw": 3.2e-2}
 BASE_WIDTH = 64
 
 
