@@ -99,7 +99,7 @@ def test_integer_boolean_size0_leaves_unchanged_and_0d_trained(name):
         u, state = tx.update(grads, state, params)
         new = optax.apply_updates(params, u)
     for k in ("counter", "mask", "empty"):
-        assert u[k].dtype == params[k].dtype
+        assert u[k].dtype == params[k].dtype and u[k].shape == params[k].shape
         np.testing.assert_array_equal(u[k], np.zeros(params[k].shape, params[k].dtype))
         np.testing.assert_array_equal(new[k], params[k])
         assert new[k].dtype == params[k].dtype

@@ -17,6 +17,9 @@ Steps (each resumable; results are appended to files in ``--work``)::
     python tools/mutation.py check               # the clean code passes; the forced-fail mutant fails
     python tools/mutation.py run --sample 400    # stratified random sample (fixed seed), or all mutants
     python tools/mutation.py report              # killed / total, survivors, 95% interval
+    # after writing tests for the survivors:
+    python tools/mutation.py sync-tests && python tools/mutation.py stats --tests tests/NEW.py
+    python tools/mutation.py run --sample 400 --rerun-survivors --first tests/NEW.py
 
 Run it niced and single-threaded on a shared machine::
 
@@ -202,6 +205,12 @@ def stats(work: Path, tests: list[str]) -> None:
 
     t0 = time.perf_counter()
     code = runner.run("stats", [t for t in tests if (work / "mutants" / t).exists()], 3600.0, [Collector()])
+    old_path = work / "stats.json"
+    if old_path.exists():  # merge: a later stats run (e.g. of a new test file) adds to the earlier one
+        old = json.loads(old_path.read_text())
+        for k, v in old["tests_by_function"].items():
+            by_function[k] |= {t for t in v if t not in duration}
+        duration = {**{t: d for t, d in old["duration_by_test"].items() if t not in duration}, **duration}
     out = {
         "exit_code": code,
         "seconds": time.perf_counter() - t0,
@@ -214,30 +223,27 @@ def stats(work: Path, tests: list[str]) -> None:
     )
 
 
+def sync_tests(work: Path) -> None:
+    """Copy the repository's test files into the mutants' copy (after writing new tests)."""
+    for f in sorted((REPO / "tests").glob("*.py")):
+        shutil.copy2(f, work / "mutants" / "tests" / f.name)
+    print(f"copied {REPO / 'tests'}/*.py to {work / 'mutants' / 'tests'}")
+
+
 def _load_stats(work: Path):
     s = json.loads((work / "stats.json").read_text())
     return s["tests_by_function"], s["duration_by_test"]
 
 
-def tests_for(mutant: str, tests_by_function, duration_by_test, budget: float | None = None) -> list[str]:
+def tests_for(mutant: str, tests_by_function, duration_by_test) -> list[str]:
     """The tests that reach the mutated function, fastest first (``-x`` stops at the first kill).
 
-    With ``budget``: only the fastest ones whose clean durations add up to at
-    most ``budget`` seconds (at least one); re-run the survivors without it."""
-    tests = sorted(tests_by_function.get(function_of(mutant), []), key=lambda t: duration_by_test.get(t, 0.0))
-    if budget is None:
-        return tests
-    out, total = [], 0.0
-    for t in tests:
-        if out and total + duration_by_test.get(t, 0.0) > budget:
-            break
-        out.append(t)
-        total += duration_by_test.get(t, 0.0)
-    return out
+    ``run --budget S`` keeps the first ones whose clean durations add up to at most ``S`` seconds."""
+    return sorted(tests_by_function.get(function_of(mutant), []), key=lambda t: duration_by_test.get(t, 0.0))
 
 
 # ----------------------------------------------------------------------------- check / run
-def check(work: Path, names: list[str], clean: bool) -> None:
+def check(work: Path, names: list[str], clean: bool, only: str | None = None) -> None:
     """The forced-fail mutant fails the tests (and, with ``clean``, the clean code passes
     them all: ``stats`` already ran them on the clean code); then each named mutant."""
     tests_by_function, duration_by_test = _load_stats(work)
@@ -247,7 +253,8 @@ def check(work: Path, names: list[str], clean: bool) -> None:
         print(f"clean run of {len(tests)} tests: exit code {runner.run('', tests, 3600.0)} (want 0)")
     print(f"forced-fail mutant: exit code {runner.run('fail', tests[:3], 600.0)} (want 1)")
     for name in names:
-        code = runner.run(name, tests_for(name, tests_by_function, duration_by_test), 600.0)
+        tests = [t for t in tests_for(name, tests_by_function, duration_by_test) if t.startswith(only or "")]
+        code = runner.run(name, tests, 600.0)
         print(name, "killed" if code else "survived", f"(exit code {code})", *runner.failed[:1], flush=True)
 
 
@@ -287,12 +294,51 @@ def select(names: list[str], sample: int | None, seed: int) -> list[str]:
     return chosen
 
 
-def run(work: Path, names: list[str], results: Path, min_timeout: float, budget: float | None = None) -> None:
-    """Run each mutant (skipping those already in ``results``); append one JSON line per mutant."""
-    tests_by_function, duration_by_test = _load_stats(work)
-    done = {}
+def _rows(results: Path) -> dict[str, dict]:
+    rows = {}
     if results.exists():
-        done = {json.loads(line)["mutant"]: 1 for line in results.read_text().splitlines() if line.strip()}
+        for line in results.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                rows[r["mutant"]] = r  # a later line (a re-run) wins
+    return rows
+
+
+def killers_first(results: Path, first: list[str]):
+    """``(mutant, tests) -> tests`` reordered: the tests in ``first`` (new test files), then the
+    tests that killed other mutants of the same function, then of the same module, then the rest."""
+    by_function: dict[str, set[str]] = defaultdict(set)
+    by_module: dict[str, set[str]] = defaultdict(set)
+    for name, r in _rows(results).items():
+        for t in r.get("killed_by") or []:
+            by_function[function_of(name)].add(t)
+            by_module[module_of(name)].add(t)
+
+    def order(mutant: str, tests: list[str]) -> list[str]:
+        def rank(t: str) -> int:
+            if any(t.startswith(f) for f in first):
+                return 0
+            if t in by_function[function_of(mutant)]:
+                return 1
+            return 2 if t in by_module[module_of(mutant)] else 3
+
+        return sorted(tests, key=rank)  # stable: fastest first within a rank
+
+    return order
+
+
+def run(
+    work: Path,
+    names: list[str],
+    results: Path,
+    min_timeout: float,
+    budget: float | None = None,
+    order=None,
+    rerun: bool = False,
+) -> None:
+    """Run each mutant (skipping those already in ``results`` unless ``rerun``); append one JSON line each."""
+    tests_by_function, duration_by_test = _load_stats(work)
+    done = {} if rerun else {k: 1 for k in _rows(results)}
     running = results.with_suffix(".running")
     if running.exists():  # the previous run died on this mutant (a hang in compiled code): a timeout
         name = running.read_text().strip()
@@ -304,7 +350,17 @@ def run(work: Path, names: list[str], results: Path, min_timeout: float, budget:
     todo = [n for n in names if n not in done]
     print(f"{len(todo)} mutants to run ({len(done)} done)", flush=True)
     for i, name in enumerate(todo):
-        tests = tests_for(name, tests_by_function, duration_by_test, budget)
+        tests = tests_for(name, tests_by_function, duration_by_test)
+        if order is not None:
+            tests = order(name, tests)
+        if budget is not None:
+            kept, total = [], 0.0
+            for t in tests:
+                if kept and total + duration_by_test.get(t, 0.0) > budget:
+                    continue
+                kept.append(t)
+                total += duration_by_test.get(t, 0.0)
+            tests = kept
         t0 = time.perf_counter()
         if not tests:
             status, code = "no tests", None
@@ -340,11 +396,7 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
 
 
 def report(results: Path, equivalent: Path | None, total_mutants: int, n_reachable: int, not_reached) -> None:
-    rows = {}
-    for line in results.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            rows[r["mutant"]] = r  # a later line (a re-run) wins
+    rows = _rows(results)
     eq = set()
     if equivalent is not None and equivalent.exists():
         eq = {ln.split()[0] for ln in equivalent.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
@@ -387,7 +439,7 @@ def report(results: Path, equivalent: Path | None, total_mutants: int, n_reachab
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=["generate", "stats", "check", "run", "report", "list"])
+    ap.add_argument("step", choices=["generate", "sync-tests", "stats", "check", "run", "report", "list"])
     ap.add_argument("names", nargs="*", help="mutant names (check / run: only these)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/spectral_optax_mutation"))
     ap.add_argument("--sample", type=int, default=None, help="stratified random sample of this many mutants")
@@ -397,20 +449,36 @@ def main(argv=None) -> None:
     ap.add_argument("--min-timeout", type=float, default=120.0, help="seconds per mutant at least")
     ap.add_argument("--tests", nargs="*", default=TEST_FILES)
     ap.add_argument("--clean", action="store_true", help="check: also run every selected test on the clean code")
+    ap.add_argument("--only", default=None, help="check: only the tests whose node id starts with this")
+    ap.add_argument("--rerun-survivors", action="store_true", help="run: re-run the survivors among the names")
+    ap.add_argument(
+        "--first",
+        nargs="*",
+        default=["tests/test_mutation_survivors.py"],
+        help="run --rerun-survivors: tests run first (then the killers of the same function)",
+    )
     ap.add_argument("--budget", type=float, default=None, help="run: clean seconds of tests per mutant at most")
-    a = ap.parse_args(argv)
+    a = ap.parse_intermixed_args(argv)
     work = a.work.resolve()
     results = (a.results or work / "results.jsonl").resolve()
     if a.step == "generate":
         generate(work, SCOPE)
+    elif a.step == "sync-tests":
+        sync_tests(work)
     elif a.step == "stats":
         stats(work, a.tests)
     elif a.step == "check":
-        check(work, a.names, a.clean)
+        check(work, a.names, a.clean, a.only)
     elif a.step == "list":
         print("\n".join(select(reachable(work), a.sample, a.seed)))
     elif a.step == "run":
-        run(work, a.names or select(reachable(work), a.sample, a.seed), results, a.min_timeout, a.budget)
+        names = a.names or select(reachable(work), a.sample, a.seed)
+        order = None
+        if a.rerun_survivors:
+            rows = _rows(results)
+            names = [n for n in names if rows.get(n, {}).get("status") == "survived"]
+            order = killers_first(results, a.first)
+        run(work, names, results, a.min_timeout, a.budget, order, rerun=a.rerun_survivors)
     else:
         report(results, a.equivalent, len(mutant_names(work)), len(reachable(work)), unreached(work))
 

@@ -1,0 +1,138 @@
+"""Tests written for the mutants that survived the mutation run (docs/reliability.md).
+
+Each test pins down wiring that no other test checked: an option that must
+reach the code that uses it (``geometry=`` of ``moga_labels``, of the trust
+ratio, of ``moga``'s decay mask; ``mu_dtype``), the documented skip of a
+literal-zero weight decay, and the shapes of the zero updates of frozen
+leaves. Expected numbers come from float64 NumPy written here.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import spectral_optax as so
+
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
+STACKED = {r"blocks/w$": {"kind": "matrix", "fan_in_axes": (1,), "fan_out_axes": (2,)}}
+
+
+def f32(tree):
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+
+
+def test_moga_labels_read_geometry_and_rules():
+    params = {"blocks": {"w": np.zeros((3, 4, 5))}, "Dense_0": {"kernel": np.zeros((4, 5))},
+              "head": {"kernel": np.zeros((5, 2))}, "Embed_0": {"embedding": np.zeros((7, 4))}}
+    labels = so.moga_labels(variant="col", geometry=STACKED)(params)
+    assert labels == {"blocks": {"w": "col"}, "Dense_0": {"kernel": "col"}, "head": {"kernel": "head"},
+                      "Embed_0": {"embedding": "sign"}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", so.GeometryWarning)  # no override: the 3-D leaf is element-wise
+        default = so.moga_labels()(params)
+    assert default["blocks"]["w"] == "sign" and default["Dense_0"]["kernel"] == "row"
+    custom = optax.identity()
+    labels = so.moga_labels(rules={r"Dense_0/": "adam", r"^head/": custom}, geometry=STACKED)(params)
+    assert labels["Dense_0"]["kernel"] == "adam" and labels["head"]["kernel"] == "custom:^head/"
+    assert labels["blocks"]["w"] == "row"
+
+
+@pytest.mark.parametrize("name", ["moga", "spectral_sgd", "mup_sgd", "mup_adamw", "rescaled_adamw"])
+def test_literal_zero_weight_decay_needs_no_params(name):
+    """A literal 0 weight decay adds no decay transform (documented), so, as ``optax.adam``,
+    ``update`` works without ``params``; any other value needs them."""
+    make = {"moga": so.moga, "spectral_sgd": so.spectral_sgd, "mup_sgd": so.mup_sgd, "mup_adamw": so.mup_adamw,
+            "rescaled_adamw": so.rescaled_adamw}[name]
+    rng = np.random.default_rng(0)
+    params = f32({"Dense_0": {"kernel": rng.standard_normal((4, 6)), "bias": rng.standard_normal(6)}})
+    grads = f32({"Dense_0": {"kernel": rng.standard_normal((4, 6)), "bias": rng.standard_normal(6)}})
+    tx = make(0.1, weight_decay=0.0)
+    state = tx.init(params)
+    without, _ = tx.update(grads, state, None)
+    with_params, _ = tx.update(grads, state, params)
+    jax.tree.map(np.testing.assert_array_equal, without, with_params)
+    decayed = make(0.1, weight_decay=0.1)
+    with pytest.raises(ValueError):
+        decayed.update(grads, decayed.init(params), None)
+
+
+def test_moga_decay_mask_reads_the_geometry_override():
+    """A 2-D leaf declared a stacked vector by ``geometry=`` is spared by the default decay
+    mask and gets ``sign`` of the EMA momentum: ``W <- W - lr sign(mu)`` (float64 reference)."""
+    rng = np.random.default_rng(1)
+    params = {"Dense_0": {"kernel": rng.standard_normal((4, 5))}, "blocks": {"gain": rng.standard_normal((3, 5))}}
+    geometry = {r"blocks/gain$": so.Geometry.vector((3, 5), fan_out_axes=(1,))}
+    grads = [jax.tree.map(lambda x: rng.standard_normal(x.shape), params) for _ in range(3)]
+    lr, wd, beta = 0.01, 0.5, 0.9
+    tx = so.moga(lr, momentum=beta, weight_decay=wd, geometry=geometry)
+    p, state = f32(params), None
+    state = tx.init(p)
+    w, mu = params["blocks"]["gain"].copy(), np.zeros((3, 5))
+    for g in grads:
+        u, state = tx.update(f32(g), state, p)
+        p = optax.apply_updates(p, u)
+        mu = beta * mu + (1 - beta) * g["blocks"]["gain"]
+        w = w - lr * np.sign(mu)
+        np.testing.assert_allclose(np.asarray(p["blocks"]["gain"]), w, rtol=1e-6, atol=1e-6)
+
+
+def trust_ratio_reference(u, w, k, c=1.0):
+    """Per slice: ``u * c ||w||_F / (sqrt(k) ||u||_F)`` (float64)."""
+    nu = np.linalg.norm(u, axis=(-2, -1), keepdims=True)
+    nw = np.linalg.norm(w, axis=(-2, -1), keepdims=True)
+    return u * c * nw / (np.sqrt(k) * nu)
+
+
+def test_trust_ratio_reads_the_geometry_override():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((3, 4, 6))
+    u = rng.standard_normal((3, 4, 6))
+    tx = so.scale_by_spectral_trust_ratio(trust_coefficient=0.3, geometry=STACKED)
+    got, _ = tx.update(f32({"blocks": {"w": u}}), tx.init(f32({"blocks": {"w": w}})), f32({"blocks": {"w": w}}))
+    np.testing.assert_allclose(np.asarray(got["blocks"]["w"]), trust_ratio_reference(u, w, k=4, c=0.3),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_ema_momentum_stores_mu_in_mu_dtype(nesterov):
+    """``mu_dtype=bfloat16``: the state is bf16, rounded after every step; the output keeps
+    the gradient's float32 dtype (float64 reference with the same rounding)."""
+    rng = np.random.default_rng(3)
+    gs = [rng.standard_normal((5, 4)) for _ in range(3)]
+    beta = 0.8
+    tx = so.ema_momentum(beta, nesterov=nesterov, mu_dtype=jnp.bfloat16)
+    state = tx.init({"w": jnp.zeros((5, 4), jnp.float32)})
+    assert state.mu["w"].dtype == jnp.bfloat16
+    mu = np.zeros((5, 4))
+    for g in gs:
+        out, state = tx.update({"w": jnp.asarray(g, jnp.float32)}, state)
+        g32 = np.asarray(jnp.asarray(g, jnp.float32), np.float64)
+        new = beta * mu + (1 - beta) * g32
+        want = beta * new + (1 - beta) * g32 if nesterov else new
+        mu = np.asarray(jnp.asarray(new, jnp.bfloat16), np.float64)
+        assert state.mu["w"].dtype == jnp.bfloat16 and out["w"].dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(state.mu["w"], np.float64), mu, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(out["w"]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_muon_mu_dtype_reaches_every_route():
+    """``mu_dtype``: the EMA momentum of the Muon route and Adam's first moment on the AdamW
+    route are stored in it (Adam's second moment stays float32, as in ``optax.adamw``)."""
+    params = f32({"Dense_0": {"kernel": np.ones((4, 6)), "bias": np.ones(6)}})
+    state = so.muon(0.1, mu_dtype=jnp.bfloat16).init(params)
+    ema = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, so.EmaMomentumState))
+           if isinstance(s, so.EmaMomentumState)]
+    adam = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+            if isinstance(s, optax.ScaleByAdamState)]
+    assert ema and adam
+    kernels = [x for s in ema for x in jax.tree.leaves(s.mu) if x.shape == (4, 6)]
+    biases = [x for s in adam for x in jax.tree.leaves(s.mu) if x.shape == (6,)]
+    nus = [x for s in adam for x in jax.tree.leaves(s.nu) if x.shape == (6,)]
+    assert kernels and biases and nus
+    assert all(x.dtype == jnp.bfloat16 for x in kernels + biases)
+    assert all(x.dtype == jnp.float32 for x in nus)
