@@ -120,19 +120,56 @@ def test_ema_momentum_stores_mu_in_mu_dtype(nesterov):
         np.testing.assert_allclose(np.asarray(out["w"]), want, rtol=1e-5, atol=1e-6)
 
 
-def test_muon_mu_dtype_reaches_every_route():
-    """``mu_dtype``: the EMA momentum of the Muon route and Adam's first moment on the AdamW
-    route are stored in it (Adam's second moment stays float32, as in ``optax.adamw``)."""
+@pytest.mark.parametrize("name", ["muon", "contrib_muon", "moga", "rescaled_adamw"])
+def test_mu_dtype_reaches_every_route(name):
+    """``mu_dtype``: every EMA momentum and every Adam first moment, on every route, is stored
+    in it (Adam's second moment stays float32, as in ``optax.adamw``)."""
+    make = {"muon": lambda: so.muon(0.1, mu_dtype=jnp.bfloat16),
+            "contrib_muon": lambda: so.contrib_muon(0.1, mu_dtype=jnp.bfloat16),
+            "moga": lambda: so.moga(0.1, mu_dtype=jnp.bfloat16, rules={r"bias$": "adam"}),
+            "rescaled_adamw": lambda: so.rescaled_adamw(0.1, mu_dtype=jnp.bfloat16)}[name]
     params = f32({"Dense_0": {"kernel": np.ones((4, 6)), "bias": np.ones(6)}})
-    state = so.muon(0.1, mu_dtype=jnp.bfloat16).init(params)
-    ema = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, so.EmaMomentumState))
-           if isinstance(s, so.EmaMomentumState)]
-    adam = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
-            if isinstance(s, optax.ScaleByAdamState)]
-    assert ema and adam
-    kernels = [x for s in ema for x in jax.tree.leaves(s.mu) if x.shape == (4, 6)]
-    biases = [x for s in adam for x in jax.tree.leaves(s.mu) if x.shape == (6,)]
-    nus = [x for s in adam for x in jax.tree.leaves(s.nu) if x.shape == (6,)]
-    assert kernels and biases and nus
-    assert all(x.dtype == jnp.bfloat16 for x in kernels + biases)
+    state = make().init(params)
+    kinds = (so.EmaMomentumState, optax.ScaleByAdamState)
+    nodes = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, kinds)) if isinstance(s, kinds)]
+    mus = [x for s in nodes for x in jax.tree.leaves(s.mu) if x.shape in ((4, 6), (6,))]
+    nus = [x for s in nodes if isinstance(s, optax.ScaleByAdamState) for x in jax.tree.leaves(s.nu)
+           if x.shape in ((4, 6), (6,))]
+    assert len(mus) >= 2 and nus
+    assert all(x.dtype == jnp.bfloat16 for x in mus), [x.dtype for x in mus]
     assert all(x.dtype == jnp.float32 for x in nus)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_ema_momentum_bias_correction_over_steps(nesterov):
+    """``bias_correction=True`` (``optax.contrib.muon``'s form), float64 reference over 4 steps:
+    ``mu_t / (1 - b^t)``, or with Nesterov ``b mu_t / (1 - b^(t+1)) + (1 - b) g_t / (1 - b^t)``."""
+    rng = np.random.default_rng(4)
+    beta = 0.7
+    tx = so.ema_momentum(beta, nesterov=nesterov, bias_correction=True)
+    state = tx.init({"w": jnp.zeros((3, 4), jnp.float32)})
+    mu = np.zeros((3, 4))
+    for t in range(1, 5):
+        g = rng.standard_normal((3, 4))
+        out, state = tx.update({"w": jnp.asarray(g, jnp.float32)}, state)
+        mu = beta * mu + (1 - beta) * g
+        if nesterov:
+            want = beta * mu / (1 - beta ** (t + 1)) + (1 - beta) * g / (1 - beta**t)
+        else:
+            want = mu / (1 - beta**t)
+        assert int(state.count) == t
+        np.testing.assert_allclose(np.asarray(out["w"]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_trust_ratio_zero_update_slice_stays_zero_with_min_norm():
+    """A slice whose update is 0 passes through (ratio 1, as ``optax.scale_by_trust_ratio``),
+    also when ``min_norm > 0`` floors its norm; the other slice gets the float64 ratio."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((2, 4, 6))
+    u = rng.standard_normal((2, 4, 6))
+    u[0] = 0.0
+    tx = so.scale_by_spectral_trust_ratio(min_norm=1e-3, geometry=STACKED)
+    got, _ = tx.update(f32({"blocks": {"w": u}}), tx.init(None), f32({"blocks": {"w": w}}))
+    got = np.asarray(got["blocks"]["w"])
+    assert np.all(got[0] == 0.0)
+    np.testing.assert_allclose(got[1], trust_ratio_reference(u[1:], w[1:], k=4)[0], rtol=1e-5, atol=1e-6)

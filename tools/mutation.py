@@ -335,6 +335,7 @@ def run(
     budget: float | None = None,
     order=None,
     rerun: bool = False,
+    extra: list[str] | None = None,
 ) -> None:
     """Run each mutant (skipping those already in ``results`` unless ``rerun``); append one JSON line each."""
     tests_by_function, duration_by_test = _load_stats(work)
@@ -361,6 +362,7 @@ def run(
                 kept.append(t)
                 total += duration_by_test.get(t, 0.0)
             tests = kept
+        tests = tests + [t for t in extra or [] if t not in tests]
         t0 = time.perf_counter()
         if not tests:
             status, code = "no tests", None
@@ -457,6 +459,12 @@ def main(argv=None) -> None:
         default=["tests/test_mutation_survivors.py"],
         help="run --rerun-survivors: tests run first (then the killers of the same function)",
     )
+    ap.add_argument(
+        "--extra",
+        nargs="*",
+        default=None,
+        help="run: tests appended for every mutant (e.g. the multi-device subprocess tests)",
+    )
     ap.add_argument("--budget", type=float, default=None, help="run: clean seconds of tests per mutant at most")
     a = ap.parse_intermixed_args(argv)
     work = a.work.resolve()
@@ -478,7 +486,7 @@ def main(argv=None) -> None:
             rows = _rows(results)
             names = [n for n in names if rows.get(n, {}).get("status") == "survived"]
             order = killers_first(results, a.first)
-        run(work, names, results, a.min_timeout, a.budget, order, rerun=a.rerun_survivors)
+        run(work, names, results, a.min_timeout, a.budget, order, rerun=a.rerun_survivors, extra=a.extra)
     else:
         report(results, a.equivalent, len(mutant_names(work)), len(reachable(work)), unreached(work))
 
