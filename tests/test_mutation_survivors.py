@@ -173,3 +173,97 @@ def test_trust_ratio_zero_update_slice_stays_zero_with_min_norm():
     got = np.asarray(got["blocks"]["w"])
     assert np.all(got[0] == 0.0)
     np.testing.assert_allclose(got[1], trust_ratio_reference(u[1:], w[1:], k=4)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_injected_p_of_the_column_variant_equals_static():
+    """``moga(variant='col')`` derives ``q = p / (p - 1)`` from an injected ``p`` too."""
+    rng = np.random.default_rng(6)
+    params = f32({"Dense_0": {"kernel": rng.standard_normal((5, 6))}})
+    grads = [f32({"Dense_0": {"kernel": rng.standard_normal((5, 6))}}) for _ in range(2)]
+    injected = optax.inject_hyperparams(so.moga)(learning_rate=0.01, p=2.0, variant="col")
+    state = injected.init(params)
+    state.hyperparams["p"] = jnp.asarray(3.0, jnp.float32)
+    built = so.moga(0.01, p=3.0, variant="col")
+    s2 = built.init(params)
+    for g in grads:
+        u, state = injected.update(g, state, params)
+        v, s2 = built.update(g, s2, params)
+        np.testing.assert_allclose(np.asarray(u["Dense_0"]["kernel"]), np.asarray(v["Dense_0"]["kernel"]),
+                                   rtol=1e-5, atol=1e-8)
+    # and the float64 column dual with q* = p = 3 (q = 3/2): the first step from mu = (1 - b) g
+    h = np.asarray(grads[0]["Dense_0"]["kernel"], np.float64)
+    r = 3.0  # q* = q / (q - 1) = 3
+    d = np.sign(h) * np.abs(h) ** (r - 1) / np.sum(np.abs(h) ** r, axis=1, keepdims=True) ** ((r - 1) / r)
+    want = -0.01 * 25.0 * d * 6 ** (1 / 1.5) / 5
+    v0, _ = so.moga(0.01, p=3.0, variant="col").update(grads[0], built.init(params), params)
+    np.testing.assert_allclose(np.asarray(v0["Dense_0"]["kernel"]), want, rtol=1e-4, atol=1e-7)
+
+
+def test_rescaled_adamw_static_p_with_injected_q():
+    """``inject_hyperparams(..., static_args=('p',))``: a static ``p`` with a traced ``q``."""
+    rng = np.random.default_rng(7)
+    params = f32({"Dense_0": {"kernel": rng.standard_normal((4, 9))}})
+    g = f32({"Dense_0": {"kernel": rng.standard_normal((4, 9))}})
+    injected = optax.inject_hyperparams(so.rescaled_adamw, static_args=("p",))(0.01, p=2.0, q=3.0)
+    u, _ = injected.update(g, injected.init(params), params)
+    # First Adam step: m / (sqrt(v) + eps) = g / (|g| + eps) ~ sign(g); factor d_out^(1/q) / d_in^(1/p).
+    g64 = np.asarray(g["Dense_0"]["kernel"], np.float64)
+    adam = g64 / (np.abs(g64) + 1e-8)
+    w = np.asarray(params["Dense_0"]["kernel"], np.float64)
+    want = -0.01 * (9 ** (1 / 3) / 4 ** (1 / 2) * adam + 1e-4 * w)
+    np.testing.assert_allclose(np.asarray(u["Dense_0"]["kernel"]), want, rtol=1e-5, atol=1e-8)
+
+
+def test_moga_head_route_reads_the_geometry_override():
+    """A stacked (3, 4, 5) head declared by override: each slice's fan-in vectors get the
+    ``'head'`` rule, ``mu_i / ||mu_i||_2`` for ``p = 2`` (float64 reference over 3 steps)."""
+    rng = np.random.default_rng(8)
+    params = {"head": {"w": rng.standard_normal((3, 4, 5))}}
+    geometry = {r"head/w$": {"kind": "matrix", "fan_in_axes": (1,), "fan_out_axes": (2,), "role": "output"}}
+    tx = so.moga(0.02, p=2.0, momentum=0.8, geometry=geometry)
+    p = f32(params)
+    state = tx.init(p)
+    w, mu = params["head"]["w"].copy(), np.zeros((3, 4, 5))
+    for _ in range(3):
+        g = rng.standard_normal((3, 4, 5))
+        u, state = tx.update(f32({"head": {"w": g}}), state, p)
+        p = optax.apply_updates(p, u)
+        mu = 0.8 * mu + 0.2 * g
+        w = w - 0.02 * mu / np.linalg.norm(mu, axis=1, keepdims=True)
+        np.testing.assert_allclose(np.asarray(p["head"]["w"]), w, rtol=1e-5, atol=1e-6)
+
+
+def test_contrib_muon_adam_eps_root_matches_optax_contrib():
+    rng = np.random.default_rng(9)
+    params = {"a": jnp.asarray(rng.standard_normal((6, 4)), jnp.float32),
+              "c": jnp.asarray(rng.standard_normal((5,)), jnp.float32)}
+    kw = {"adam_eps_root": 1e-2}
+    outs = []
+    for tx in (optax.contrib.muon(0.05, **kw), so.contrib_muon(0.05, **kw)):
+        p, s = params, tx.init(params)
+        for i in range(3):
+            g = jax.tree.map(lambda x, i=i: jnp.asarray(np.random.default_rng(i).standard_normal(x.shape),
+                                                        jnp.float32), params)
+            u, s = tx.update(g, s, p)
+            p = optax.apply_updates(p, u)
+        outs.append(p)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), outs[1], outs[0])
+    plain = so.contrib_muon(0.05)  # eps_root matters on this tree
+    p, s = params, plain.init(params)
+    for i in range(3):
+        g = jax.tree.map(lambda x, i=i: jnp.asarray(np.random.default_rng(i).standard_normal(x.shape),
+                                                    jnp.float32), params)
+        u, s = plain.update(g, s, p)
+        p = optax.apply_updates(p, u)
+    assert not np.allclose(p["c"], outs[0]["c"], rtol=1e-6)
+
+
+def test_error_messages_name_the_fix():
+    tx = so.scale_by_spectral_trust_ratio()
+    with pytest.raises(ValueError, match=r"^scale_by_spectral_trust_ratio needs the parameters .*per layer\)"):
+        tx.update({"w": jnp.ones((2, 2))}, tx.init(None))
+    mup = so.mup_sgd(0.1, base={"Dense_0": {"kernel": np.zeros((2, 3))}})
+    params = f32({"Dense_0": {"kernel": np.ones((4, 3))}, "Dense_1": {"kernel": np.ones((3, 3))}})
+    with pytest.raises(so.GeometryError, match=r"'Dense_1/kernel' is missing from `base`: .*at the base width\), "
+                                               r"e\.g\. base=model_at_base_width\.init\(key, x\)\['params'\]$"):
+        mup.update(params, mup.init(params), params)
