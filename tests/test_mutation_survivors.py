@@ -267,3 +267,23 @@ def test_error_messages_name_the_fix():
     with pytest.raises(so.GeometryError, match=r"'Dense_1/kernel' is missing from `base`: .*at the base width\), "
                                                r"e\.g\. base=model_at_base_width\.init\(key, x\)\['params'\]$"):
         mup.update(params, mup.init(params), params)
+
+
+def test_moga_adam_rule_documented_defaults():
+    """The ``'adam'`` rule with the defaults: Adam with ``b1 = momentum = 0.95``, ``b2 = 0.999``,
+    ``eps = 1e-8``, bias-corrected, times ``-learning_rate`` (float64 reference, 4 steps)."""
+    rng = np.random.default_rng(10)
+    w0 = rng.standard_normal((4, 6))
+    tx = so.moga(0.01, rules={r"kernel$": "adam"})
+    p = f32({"Dense_0": {"kernel": w0}})
+    state = tx.init(p)
+    w, m, v = w0.copy(), np.zeros_like(w0), np.zeros_like(w0)
+    for t in range(1, 5):
+        g = rng.standard_normal((4, 6)) * 10.0 ** rng.uniform(-3, 0)
+        u, state = tx.update(f32({"Dense_0": {"kernel": g}}), state, p)
+        p = optax.apply_updates(p, u)
+        g = np.asarray(jnp.asarray(g, jnp.float32), np.float64)
+        m = 0.95 * m + 0.05 * g
+        v = 0.999 * v + 0.001 * g * g
+        w = w - 0.01 * (m / (1 - 0.95**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+        np.testing.assert_allclose(np.asarray(p["Dense_0"]["kernel"]), w, rtol=1e-5, atol=1e-6)
