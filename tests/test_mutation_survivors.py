@@ -175,27 +175,30 @@ def test_trust_ratio_zero_update_slice_stays_zero_with_min_norm():
     np.testing.assert_allclose(got[1], trust_ratio_reference(u[1:], w[1:], k=4)[0], rtol=1e-5, atol=1e-6)
 
 
-def test_injected_p_of_the_column_variant_equals_static():
-    """``moga(variant='col')`` derives ``q = p / (p - 1)`` from an injected ``p`` too."""
+@pytest.mark.parametrize("variant", ["row", "col"])
+def test_injected_p_equals_static(variant):
+    """An injected (traced) ``p`` gives the update of ``p`` given at construction, in both
+    variants (the column variant derives ``q = p / (p - 1)`` from it)."""
     rng = np.random.default_rng(6)
     params = f32({"Dense_0": {"kernel": rng.standard_normal((5, 6))}})
     grads = [f32({"Dense_0": {"kernel": rng.standard_normal((5, 6))}}) for _ in range(2)]
-    injected = optax.inject_hyperparams(so.moga)(learning_rate=0.01, p=2.0, variant="col")
+    injected = optax.inject_hyperparams(so.moga)(learning_rate=0.01, p=2.0, variant=variant)
     state = injected.init(params)
     state.hyperparams["p"] = jnp.asarray(3.0, jnp.float32)
-    built = so.moga(0.01, p=3.0, variant="col")
+    built = so.moga(0.01, p=3.0, variant=variant)
     s2 = built.init(params)
     for g in grads:
         u, state = injected.update(g, state, params)
         v, s2 = built.update(g, s2, params)
         np.testing.assert_allclose(np.asarray(u["Dense_0"]["kernel"]), np.asarray(v["Dense_0"]["kernel"]),
                                    rtol=1e-5, atol=1e-8)
-    # and the float64 column dual with q* = p = 3 (q = 3/2): the first step from mu = (1 - b) g
+    # and the float64 dual: row, p = 3 (per fan-out column, over the fan-in axis, times d_in^(-1/3));
+    # column, q* = p = 3 (q = 3/2; per fan-in row, times d_out^(1/q) / d_in). First step: mu = (1 - b) g.
     h = np.asarray(grads[0]["Dense_0"]["kernel"], np.float64)
-    r = 3.0  # q* = q / (q - 1) = 3
-    d = np.sign(h) * np.abs(h) ** (r - 1) / np.sum(np.abs(h) ** r, axis=1, keepdims=True) ** ((r - 1) / r)
-    want = -0.01 * 25.0 * d * 6 ** (1 / 1.5) / 5
-    v0, _ = so.moga(0.01, p=3.0, variant="col").update(grads[0], built.init(params), params)
+    axis, fan = (0, 5 ** (-1 / 3)) if variant == "row" else (1, 6 ** (1 / 1.5) / 5)
+    d = np.sign(h) * np.abs(h) ** 2 / np.sum(np.abs(h) ** 3, axis=axis, keepdims=True) ** (2 / 3)
+    want = -0.01 * 25.0 * d * fan
+    v0, _ = so.moga(0.01, p=3.0, variant=variant).update(grads[0], built.init(params), params)
     np.testing.assert_allclose(np.asarray(v0["Dense_0"]["kernel"]), want, rtol=1e-4, atol=1e-7)
 
 

@@ -336,6 +336,7 @@ def run(
     order=None,
     rerun: bool = False,
     extra: list[str] | None = None,
+    only: str | None = None,
 ) -> None:
     """Run each mutant (skipping those already in ``results`` unless ``rerun``); append one JSON line each."""
     tests_by_function, duration_by_test = _load_stats(work)
@@ -351,7 +352,7 @@ def run(
     todo = [n for n in names if n not in done]
     print(f"{len(todo)} mutants to run ({len(done)} done)", flush=True)
     for i, name in enumerate(todo):
-        tests = tests_for(name, tests_by_function, duration_by_test)
+        tests = [t for t in tests_for(name, tests_by_function, duration_by_test) if t.startswith(only or "")]
         if order is not None:
             tests = order(name, tests)
         if budget is not None:
@@ -451,7 +452,7 @@ def main(argv=None) -> None:
     ap.add_argument("--min-timeout", type=float, default=120.0, help="seconds per mutant at least")
     ap.add_argument("--tests", nargs="*", default=TEST_FILES)
     ap.add_argument("--clean", action="store_true", help="check: also run every selected test on the clean code")
-    ap.add_argument("--only", default=None, help="check: only the tests whose node id starts with this")
+    ap.add_argument("--only", default=None, help="check, run: only the tests whose node id starts with this")
     ap.add_argument("--rerun-survivors", action="store_true", help="run: re-run the survivors among the names")
     ap.add_argument(
         "--first",
@@ -486,7 +487,7 @@ def main(argv=None) -> None:
             rows = _rows(results)
             names = [n for n in names if rows.get(n, {}).get("status") == "survived"]
             order = killers_first(results, a.first)
-        run(work, names, results, a.min_timeout, a.budget, order, rerun=a.rerun_survivors, extra=a.extra)
+        run(work, names, results, a.min_timeout, a.budget, order, rerun=a.rerun_survivors, extra=a.extra, only=a.only)
     else:
         report(results, a.equivalent, len(mutant_names(work)), len(reachable(work)), unreached(work))
 
