@@ -217,7 +217,7 @@ def test_rescaled_adamw_static_p_with_injected_q():
     params = f32({"Dense_0": {"kernel": rng.standard_normal((4, 9))}})
     g = f32({"Dense_0": {"kernel": rng.standard_normal((4, 9))}})
     injected = optax.inject_hyperparams(so.rescaled_adamw, static_args=("p",))(0.01, p=2.0, q=3.0)
-    u, _ = injected.update(g, injected.init(params), params)
+    u, _ = jax.jit(injected.update)(g, injected.init(params), params)  # under jit, q is traced
     # First Adam step: m / (sqrt(v) + eps) = g / (|g| + eps) ~ sign(g); factor d_out^(1/q) / d_in^(1/p).
     g64 = np.asarray(g["Dense_0"]["kernel"], np.float64)
     adam = g64 / (np.abs(g64) + 1e-8)
