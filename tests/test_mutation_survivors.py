@@ -332,3 +332,29 @@ def test_muon_weight_decay_mask_as_a_tree():
         diff = np.asarray(u[a][b], np.float64) - np.asarray(v[a][b], np.float64)
         want = -lr * wd * np.asarray(params[a][b], np.float64) if m else np.zeros(params[a][b].shape)
         np.testing.assert_allclose(diff, want, rtol=1e-4, atol=1e-6, err_msg=path)
+
+
+def test_contrib_muon_eps_reaches_the_adamw_route():
+    """``eps`` is also AdamW's epsilon (as in contrib): with a large one the non-matrix leaves
+    match ``optax.contrib.muon`` and differ from the default (contrib also adds ``eps`` to the
+    Frobenius norm before Newton-Schulz, which this does not, so matrices are not compared)."""
+    rng = np.random.default_rng(13)
+    params = {"a": jnp.asarray(rng.standard_normal((6, 4)), jnp.float32),
+              "c": jnp.asarray(rng.standard_normal((5,)), jnp.float32),
+              "d": jnp.asarray(rng.standard_normal((2, 3, 2)), jnp.float32)}
+    grads = [jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32), params)
+             for _ in range(3)]
+
+    def trajectory(tx):
+        p, s = params, tx.init(params)
+        for g in grads:
+            u, s = tx.update(g, s, p)
+            p = optax.apply_updates(p, u)
+        return p
+
+    want = trajectory(optax.contrib.muon(0.05, eps=0.3))
+    got = trajectory(so.contrib_muon(0.05, eps=0.3))
+    default = trajectory(so.contrib_muon(0.05))
+    for k in ("c", "d"):
+        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-6)
+        assert not np.allclose(np.asarray(default[k]), np.asarray(want[k]), rtol=1e-4)

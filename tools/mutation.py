@@ -208,9 +208,10 @@ def stats(work: Path, tests: list[str]) -> None:
     old_path = work / "stats.json"
     if old_path.exists():  # merge: a later stats run (e.g. of a new test file) adds to the earlier one
         old = json.loads(old_path.read_text())
+        rerun = tuple(f"{t.split('::')[0]}::" for t in tests)  # the files just run replace their old entries
         for k, v in old["tests_by_function"].items():
-            by_function[k] |= {t for t in v if t not in duration}
-        duration = {**{t: d for t, d in old["duration_by_test"].items() if t not in duration}, **duration}
+            by_function[k] |= {t for t in v if not t.startswith(rerun)}
+        duration = {**{t: d for t, d in old["duration_by_test"].items() if not t.startswith(rerun)}, **duration}
     out = {
         "exit_code": code,
         "seconds": time.perf_counter() - t0,
@@ -371,7 +372,8 @@ def run(
             running.write_text(name)
             limit = max(min_timeout, 10.0 * sum(duration_by_test.get(t, 1.0) for t in tests))
             code = runner.run(name, tests, limit)
-            status = "timeout" if runner.timed_out else ("survived" if code == 0 else "killed")
+            # 1: a test failed; anything else but 0 (a node id not found, an internal error) is not a kill.
+            status = "timeout" if runner.timed_out else {0: "survived", 1: "killed"}.get(code, "error")
         row = {
             "mutant": name,
             "status": status,
@@ -407,7 +409,7 @@ def report(results: Path, equivalent: Path | None, total_mutants: int, n_reachab
     for name, r in rows.items():
         status = "equivalent" if (r["status"] == "survived" and name in eq) else r["status"]
         by_file[module_of(name)][status] += 1
-    statuses = ["killed", "timeout", "survived", "equivalent", "no tests"]
+    statuses = ["killed", "timeout", "survived", "equivalent", "error", "no tests"]
     print("| module | " + " | ".join(statuses) + " | total |")
     print("|---|" + "---|" * (len(statuses) + 1))
     total = defaultdict(int)
@@ -435,7 +437,7 @@ def report(results: Path, equivalent: Path | None, total_mutants: int, n_reachab
     )
     for f, k in sorted(not_reached.items()):
         print(f"  {k:4d} {f}")
-    surv = sorted(k for k, r in rows.items() if r["status"] in ("survived", "no tests") and k not in eq)
+    surv = sorted(k for k, r in rows.items() if r["status"] in ("survived", "no tests", "error") and k not in eq)
     if surv:
         print("\nnot killed:\n  " + "\n  ".join(f"{k} ({rows[k]['status']})" for k in surv))
 
