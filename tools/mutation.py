@@ -487,7 +487,7 @@ def main(argv=None) -> None:
         order = None
         if a.rerun_survivors:
             rows = _rows(results)
-            names = [n for n in names if rows.get(n, {}).get("status") == "survived"]
+            names = [n for n in names if rows.get(n, {}).get("status") in ("survived", "error")]
             order = killers_first(results, a.first)
         run(work, names, results, a.min_timeout, a.budget, order, rerun=a.rerun_survivors, extra=a.extra, only=a.only)
     else:
