@@ -24,7 +24,7 @@ import optax
 
 import spectral_optax as so
 from benchmarks import _devices
-from benchmarks._common import environment, write_json
+from benchmarks._common import environment, time_update_steps, write_json
 from benchmarks.depth_transfer import _table
 from spectral_optax import lab
 
@@ -175,9 +175,36 @@ def _common_ylim(axes, results, metric):
         row[0].set_ylim(lo - 0.03 * abs(lo), hi)
 
 
-def which_optimizer_figure(results, summary, depth, out, prefix, unit_title):
+def timed_train_steps(family, data, cfg, lrs: dict, depth: int, reps: int = 15) -> dict:
+    """Seconds per training step (forward, backward, update; one run, not the vmapped grid) of each
+    scaled optimizer at ``depth`` and its LR in ``lrs``, compiled first, then timed interleaved in one
+    process (``benchmarks._common.time_update_steps``): the wall-clock axis of the which-optimizer figure
+    rests on ratios measured side by side, not on the sweep's per-run shares taken at different times."""
+    import jax
+
+    model = family(True)(depth)
+    params = model.init(jax.random.key(0))
+    x, y = data.numpy_batch("train", np.arange(cfg["batch_size"]))
+    fns = {}
+    for name, lr in lrs.items():
+        tx = optimizer_factory(name)(lr)
+
+        @jax.jit
+        def step(params, state, tx=tx):
+            loss, grads = jax.value_and_grad(model.loss)(params, x, y)
+            updates, state = tx.update(grads, state, params)
+            return optax.apply_updates(params, updates), state, loss
+
+        state = tx.init(params)
+        fns[name] = lambda step=step, state=state: step(params, state)
+    median, _, _ = time_update_steps({}, None, None, reps, extra=fns)
+    return median
+
+
+def which_optimizer_figure(results, summary, depth, out, prefix, unit_title, step_seconds=None):
     """Train and validation loss against steps and against wall-clock seconds, every scaled
-    optimizer at its best (validation) grid LR at one depth."""
+    optimizer at its best (validation) grid LR at one depth. ``step_seconds[name]``: the seconds per
+    step of the time axis (from :func:`timed_train_steps`); default: the sweep's per-run share."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -193,7 +220,7 @@ def which_optimizer_figure(results, summary, depth, out, prefix, unit_title):
         if not runs:
             continue
         r = runs[0]
-        sec = r["step_seconds"]
+        sec = (step_seconds or {}).get(name, r["step_seconds"])
         steps_t, train = np.asarray(r["curve_steps"]), np.asarray(r["curve"], float)
         steps_v, val = np.asarray(r.get("val_curve_steps", [r["steps"]])), np.asarray(
             r.get("val_curve", [r["val_loss"]]), float)
@@ -202,10 +229,11 @@ def which_optimizer_figure(results, summary, depth, out, prefix, unit_title):
         axes[0, 1].plot(steps_v, val, marker="o", ms=3, **kw)
         axes[1, 0].plot(steps_t * sec, train, **kw)
         axes[1, 1].plot(steps_v * sec, val, marker="o", ms=3, **kw)
-        rows[name] = {"lr": lr, "step_seconds": sec, "train_loss": r["train_loss"], "val_loss": r["val_loss"]}
+        rows[name] = {"lr": lr, "step_seconds": sec, "sweep_step_seconds": r["step_seconds"],
+                      "train_loss": r["train_loss"], "val_loss": r["val_loss"]}
     for ax, (x, y) in zip(axes.flat, [("step", "train loss"), ("step", "val loss"),
-                                      ("seconds (steady state)", "train loss"),
-                                      ("seconds (steady state)", "val loss")]):
+                                      ("seconds (one run, timed interleaved)", "train loss"),
+                                      ("seconds (one run, timed interleaved)", "val loss")]):
         ax.set_xlabel(x, fontsize=8)
         ax.set_ylabel(y, fontsize=8)
         ax.grid(alpha=0.3, lw=0.4)
@@ -269,7 +297,11 @@ def run_and_report(*, benchmark, family, data, cfg, preset, args, centers, tag, 
     prefix = f"{benchmark}_{preset}"
     figures = sweep_figures(results, args.out, prefix, title)
     deepest = max(cfg["depths"])
-    fig, which = which_optimizer_figure(results, summary, deepest, args.out, prefix, title)
+    best = {key.split("/")[0]: summary[f"{key}/val"]["best_lr_grid"].get(deepest) for key in results
+            if key.endswith("/scaled")}
+    print(f"timing one training step per optimizer at depth {deepest} (interleaved):", flush=True)
+    step_s = timed_train_steps(family, data, cfg, {k: v for k, v in best.items() if v}, deepest)
+    fig, which = which_optimizer_figure(results, summary, deepest, args.out, prefix, title, step_seconds=step_s)
     tput = throughput(results, units_per_step)
     print(f"{unit}/s per run (median over the LR grid):")
     for k, v in tput.items():

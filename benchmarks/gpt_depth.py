@@ -45,8 +45,10 @@ PRESETS = {
 }
 
 #: LR-grid centers (peak LR), factor-2 grids around them.
-#: (--quick, 60 steps: Muon's best peak LR ~0.07-0.09, MOGA p=2's above 0.016.)
-CENTERS = {"muon": 8e-2, "moga1.5": 3.2e-2, "moga2": 3.2e-2, "moga2.5": 3.2e-2, "adamw": 8e-3}
+#: (--quick, 60 steps: Muon's best peak LR ~0.07-0.09, MOGA p=2's above 0.016; cpu, 120 steps: AdamW's
+#: scaled best LR at the grid's top edge 0.032 around 8e-3, hence 1.6e-2; MOGA p = 1.5's unscaled best LR at
+#: the lower edge 0.004 around 3.2e-2, hence 1.6e-2.)
+CENTERS = {"muon": 8e-2, "moga1.5": 1.6e-2, "moga2": 3.2e-2, "moga2.5": 3.2e-2, "adamw": 1.6e-2}
 
 
 def main(argv=None):

@@ -9,7 +9,7 @@ claim under test: the best LR of all nine configurations lies within one
 grid step (factor 2).
 
     python -m benchmarks.joint_transfer [--quick] [--json PATH] [--out DIR] [--seeds K]
-        [--optimizers muon,moga,mup_adamw] [--widths 64,128,256] [--depths 2,8,32] [--steps N]
+        [--optimizers muon,moga,mup_adamw] [--widths 64,128,256] [--depths 2,8,32] [--steps N] [--num-lrs N] [--batch-size B]
 
 JSON ``summary``: keyed by optimizer (``"muon"``, ``"moga"``, ``"mup_adamw"``),
 each with ``best_lr`` per configuration (``"w{width}/K{depth}"``, train loss),
@@ -38,12 +38,17 @@ from benchmarks._common import environment, write_json  # noqa: E402
 from spectral_optax import lab  # noqa: E402
 
 PRESETS = {
-    "quick": {"widths": (64, 128, 256), "depths": (2, 8, 32), "steps": 100, "num_lrs": 5, "batch_size": 32,
-              "optimizers": ("muon", "moga")},
-    "cpu": {"widths": (64, 128, 256), "depths": (2, 8, 32), "steps": 300, "num_lrs": 7, "batch_size": 64,
+    # A smoke test (<= 4 min on 2 cores): a smaller 3 x 3 grid. Muon's cost is dominated by Newton-Schulz
+    # (~15 d^3 flops per hidden matrix per step per LR, 2K matrices), so width 256 x depth 32 alone costs
+    # ~5e10 flops per step per LR: the issue's grid is the default preset's.
+    "quick": {"widths": (32, 64, 128), "depths": (2, 4, 16), "steps": 80, "num_lrs": 5, "batch_size": 32,
+              "optimizers": ("muon", "moga", "mup_adamw")},
+    "cpu": {"widths": (64, 128, 256), "depths": (2, 8, 32), "steps": 150, "num_lrs": 6, "batch_size": 64,
             "optimizers": ("muon", "moga", "mup_adamw")},
 }
-CENTERS = {"muon": 4e-2, "moga": 1.6e-2, "mup_adamw": 1.6e-2}
+#: LR-grid centers (peak LR), factor-2 grids around them. (cpu preset, 2026-11-29: mup_adamw's best LR at
+#: the top edge 0.064 around 1.6e-2 for widths 128 and 256, hence 3.2e-2.)
+CENTERS = {"muon": 4e-2, "moga": 1.6e-2, "mup_adamw": 3.2e-2}
 BASE_WIDTH = 64
 
 
@@ -66,6 +71,8 @@ def main(argv=None):
     p.add_argument("--widths", default=None)
     p.add_argument("--depths", default=None)
     p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--num-lrs", type=int, default=None, help="LR-grid points (overrides the preset)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size (overrides the preset)")
     p.add_argument("--no-progress", action="store_true")
     _devices.add_arguments(p)
     args = p.parse_args(argv)
@@ -75,8 +82,9 @@ def main(argv=None):
     for key in ("widths", "depths"):
         if getattr(args, key):
             cfg[key] = tuple(int(v) for v in getattr(args, key).split(","))
-    if args.steps:
-        cfg["steps"] = args.steps
+    for key in ("steps", "num_lrs", "batch_size"):
+        if getattr(args, key):
+            cfg[key] = getattr(args, key)
     if args.optimizers:
         cfg["optimizers"] = tuple(args.optimizers.split(","))
     unknown = [o for o in cfg["optimizers"] if o not in CENTERS]
@@ -145,33 +153,39 @@ def main(argv=None):
 
 
 def _figure(summary, cfg, path):
+    """Best peak LR against width, one curve per depth, one column per optimizer; train loss (top row)
+    and validation loss (bottom row); the grey band is one grid step (x2) wide around the median."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(summary)
-    fig, axes = plt.subplots(1, len(names), figsize=(3.3 * len(names), 3.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(2, len(names), figsize=(3.3 * len(names), 5.6), squeeze=False)
     colors = plt.get_cmap("viridis")
-    for ax, name in zip(axes[0], names):
+    for j, name in enumerate(names):
         s = summary[name]
         grid = lab.lr_grid(CENTERS[name], cfg["num_lrs"])
-        ax.set_ylim(grid[0] / 1.2, grid[-1] * 1.2)  # the whole LR grid: the band reads at a glance
-        allv = [v for v in s["best_lr"].values() if v is not None and np.isfinite(v)]
-        if allv:
-            mid = float(np.exp(np.median(np.log(allv))))
-            ax.axhspan(mid / np.sqrt(2), mid * np.sqrt(2), color="0.85", zorder=0,
-                       label="one grid step (x2)")
-        for i, d in enumerate(cfg["depths"]):
-            lrs = [s["best_lr"].get(f"w{w}/K{d}", np.nan) for w in cfg["widths"]]
-            ax.plot(cfg["widths"], lrs, marker="o", ms=4, color=colors(i / max(1, len(cfg["depths"]) - 1)),
-                    label=f"depth {d}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-        ax.set_xlabel("width")
-        ax.set_title(f"{name}: spread {s['spread_steps']:.2f} grid steps", fontsize=9)
-        ax.grid(alpha=0.3, which="both", lw=0.4)
-    axes[0, 0].set_ylabel("best peak LR (train loss)")
+        for i, (key, spread, what) in enumerate((("best_lr", "spread_steps", "train"),
+                                                 ("best_lr_val", "spread_steps_val", "val"))):
+            ax = axes[i, j]
+            ax.set_ylim(grid[0] / 1.2, grid[-1] * 1.2)  # the whole LR grid: the band reads at a glance
+            allv = [v for v in s[key].values() if v is not None and np.isfinite(v)]
+            if allv:
+                mid = float(np.exp(np.median(np.log(allv))))
+                ax.axhspan(mid / np.sqrt(2), mid * np.sqrt(2), color="0.85", zorder=0,
+                           label="one grid step (x2)")
+            for k, d in enumerate(cfg["depths"]):
+                lrs = [s[key].get(f"w{w}/K{d}", np.nan) for w in cfg["widths"]]
+                ax.plot(cfg["widths"], lrs, marker="o", ms=4, color=colors(k / max(1, len(cfg["depths"]) - 1)),
+                        label=f"depth {d}")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log", base=2)
+            ax.set_xlabel("width", fontsize=8)
+            ax.set_title(f"{name} ({what}): spread {s[spread]:.2f} grid steps", fontsize=9)
+            ax.grid(alpha=0.3, which="both", lw=0.4)
+            if j == 0:
+                ax.set_ylabel(f"best peak LR ({what} loss)", fontsize=8)
     axes[0, 0].legend(fontsize=7)
     fig.suptitle("one LR across width x depth (residual MLP, h + (2/K) f(h), Parametrization 1)", fontsize=9)
     fig.tight_layout()

@@ -38,7 +38,7 @@ from spectral_optax import lab  # noqa: E402
 PRESETS = {
     "quick": {"depths": (2, 4), "width": 8, "batch_size": 32, "steps": 80, "num_lrs": 5,
               "optimizers": ("muon", "moga2"), "dtype": "float32"},
-    "cpu": {"depths": (2, 4, 8), "width": 8, "batch_size": 32, "steps": 150, "num_lrs": 6,
+    "cpu": {"depths": (2, 4, 8), "width": 8, "batch_size": 32, "steps": 100, "num_lrs": 5,
             "optimizers": ("muon", "moga2", "adamw"), "dtype": "float32"},
     # Not measured yet (no accelerator in the session that wrote it); meant for --data cifar100:DIR.
     "gpu": {"depths": (8, 16, 32), "width": 16, "batch_size": 128, "steps": 4000, "num_lrs": 9,
@@ -46,8 +46,12 @@ PRESETS = {
 }
 
 #: LR-grid centers (peak LR), factor-2 grids around them.
-#: (--quick with a grid around 0.04: Muon's best peak LR at its top edge, 0.08.)
-CENTERS = {"muon": 8e-2, "moga1.5": 3.2e-2, "moga2": 3.2e-2, "moga2.5": 3.2e-2, "adamw": 8e-3}
+#: (--quick, 2026-11-29, grid around 0.08: Muon's best peak LR at the grid's lower edge, 0.02; MOGA p = 2's
+#: best 0.025 on train and 0.013-0.018 on validation loss: the centers moved down accordingly; a first cpu
+#: run at 150 steps put Muon's best at 0.02-0.04 for K = 2, 4, hence 0.02; the cpu run (100 steps) put MOGA
+#: p = 2's best at the lower edge 0.004 around 1.6e-2 (MOGA learns slowly here at every LR), hence 4e-3, and
+#: AdamW's at the lower edge 0.002 around 8e-3 (chance-level loss above it), hence 1e-3.)
+CENTERS = {"muon": 2e-2, "moga1.5": 4e-3, "moga2": 4e-3, "moga2.5": 4e-3, "adamw": 1e-3}
 
 
 def main(argv=None):
