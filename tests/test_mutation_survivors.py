@@ -359,3 +359,23 @@ def test_contrib_muon_eps_reaches_the_adamw_route():
     for k in ("c", "d"):
         np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-6)
         assert not np.allclose(np.asarray(default[k]), np.asarray(want[k]), rtol=1e-4)
+
+
+def test_batched_orthogonalization_pads_to_a_multiple_and_drops_the_padding():
+    """The stack handed to the iteration is zero-padded to a multiple of ``pad_to`` (the device
+    count on a mesh; only multi-device runs pad otherwise) and the padding is dropped again."""
+    from spectral_optax._transforms.orthogonalize import _batched
+
+    rng = np.random.default_rng(14)
+    mats = [jnp.asarray(rng.standard_normal((n, 3, 5)), jnp.float32) for n in (2, 1, 2)]
+    seen = []
+
+    def iteration(stacked):
+        seen.append(stacked)
+        return stacked * 2.0
+
+    blocks = _batched(mats, iteration, pad_to=4)
+    assert [b.shape for b in blocks] == [(2, 3, 5), (1, 3, 5), (2, 3, 5)]
+    assert seen[0].shape == (8, 3, 5) and np.all(np.asarray(seen[0][5:]) == 0.0)
+    for b, m in zip(blocks, mats):
+        np.testing.assert_array_equal(np.asarray(b), 2.0 * np.asarray(m))
