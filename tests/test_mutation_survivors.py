@@ -379,3 +379,6 @@ def test_batched_orthogonalization_pads_to_a_multiple_and_drops_the_padding():
     assert seen[0].shape == (8, 3, 5) and np.all(np.asarray(seen[0][5:]) == 0.0)
     for b, m in zip(blocks, mats):
         np.testing.assert_array_equal(np.asarray(b), 2.0 * np.asarray(m))
+    # 4 slices in all: already a multiple of 4, nothing padded.
+    blocks = _batched(mats[:2] + [mats[1]], iteration, pad_to=4)
+    assert seen[1].shape == (4, 3, 5) and [b.shape[0] for b in blocks] == [2, 1, 1]
