@@ -457,6 +457,7 @@ class GeometryMap:
         self.hints = dict(hints or {})
         self._cache: dict[tuple, tuple[Geometry, ...]] = {}
         self._decided: dict[tuple[str, tuple[int, ...]], Geometry] = {}
+        self._checked: set[tuple[str, ...]] = set()
 
     # -- constructors from models -------------------------------------------
     @classmethod
@@ -468,6 +469,27 @@ class GeometryMap:
     def from_linen(cls, module, *args, overrides=None, strict: bool = False, **kwargs) -> GeometryMap:
         """Exact layouts from a Linen module, traced (shapes only) on ``args``."""
         return cls(overrides, hints=_hints_from_linen(module, args, kwargs), strict=strict)
+
+    def check_overrides(self, paths: Sequence[str], where: str = "geometry") -> None:
+        """Raise :class:`GeometryError` if a regex override matches none of ``paths``.
+
+        Called by every named optimizer with the '/'-joined paths of the whole
+        parameter tree the first time it sees it (``init``): an override that
+        matches nothing is a typo, never silently ignored. ``where`` names the
+        option in the message.
+        """
+        key = tuple(paths)
+        if key in self._checked:
+            return
+        for pattern, _ in self.overrides:
+            if not any(pattern.search(p) for p in paths):
+                shown = "\n    ".join(paths[:12]) + ("\n    ..." if len(paths) > 12 else "")
+                raise GeometryError(
+                    f"{where}: the override {pattern.pattern!r} matches no parameter (the regex is "
+                    f"re.search-ed on the '/'-joined paths, which are:\n    {shown})\n"
+                    "Fix the regex (e.g. anchor it on a path above: r'Dense_1/kernel$') or drop the override."
+                )
+        self._checked.add(key)
 
     def with_overrides(self, overrides: Mapping[str, Override]) -> GeometryMap:
         new = GeometryMap(hints=self.hints, strict=self.strict)
@@ -670,7 +692,15 @@ def infer_geometry(params, geometry: GeometryLike = None) -> Any:
     return as_geometry_map(geometry).tree(params)
 
 
-def map_with_geometry(fn: Callable, geometry: GeometryLike, tree, *rest, num_outputs: int = 1, with_path: bool = False):
+def map_with_geometry(
+    fn: Callable,
+    geometry: GeometryLike,
+    tree,
+    *rest,
+    num_outputs: int = 1,
+    with_path: bool = False,
+    skip_empty: bool = False,
+):
     """``tree_map`` over ``tree`` (and same-structure ``rest``) calling
     ``fn(geometry, leaf, *rest_leaves)`` with each leaf's :class:`Geometry`.
 
@@ -678,13 +708,16 @@ def map_with_geometry(fn: Callable, geometry: GeometryLike, tree, *rest, num_out
     ``num_outputs=n > 1``, ``fn`` returns an n-tuple and a tuple of n trees is
     returned (non-array leaves are copied into each). With ``with_path=True``
     ``fn(path, geometry, leaf, *rest_leaves)`` also gets the '/'-joined path.
+    With ``skip_empty=True``, size-0 array leaves of ``tree`` are not handed
+    to ``fn`` either: they pass through as they are (an empty update has no
+    direction to normalize; the dual transforms use this).
     """
     gmap = as_geometry_map(geometry)
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
     rest_flat = [treedef.flatten_up_to(r) for r in rest]  # type: ignore[attr-defined]
     paths = [path_str(p) for p, _ in flat]
     shapes = [tuple(np.shape(x)) for _, x in flat]
-    is_array = [hasattr(x, "shape") for _, x in flat]
+    is_array = [hasattr(x, "shape") and not (skip_empty and math.prod(s) == 0) for (_, x), s in zip(flat, shapes)]
     geoms = gmap.resolve([p for p, a in zip(paths, is_array) if a], [s for s, a in zip(shapes, is_array) if a])
     it = iter(geoms)
     out = []

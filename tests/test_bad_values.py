@@ -99,7 +99,7 @@ def test_integer_boolean_size0_leaves_unchanged_and_0d_trained(name):
         u, state = tx.update(grads, state, params)
         new = optax.apply_updates(params, u)
     for k in ("counter", "mask", "empty"):
-        assert u[k].dtype == params[k].dtype
+        assert u[k].dtype == params[k].dtype and u[k].shape == params[k].shape
         np.testing.assert_array_equal(u[k], np.zeros(params[k].shape, params[k].dtype))
         np.testing.assert_array_equal(new[k], params[k])
         assert new[k].dtype == params[k].dtype
@@ -173,3 +173,73 @@ def test_geometry_override_errors_name_the_path_and_never_fall_back():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a Flax-named tree: no fallback, no warning
         so.moga(0.1).init(params)
+
+
+# ------------------------------------------------------------------ overrides that match nothing
+UNMATCHED_OVERRIDE = {r"Dense_7/kernel$": "matrix"}
+BY_OPTIMIZER_WITH_GEOMETRY = {
+    "muon": lambda geometry: so.muon(0.02, geometry=geometry),
+    "moga": lambda geometry: so.moga(0.01, geometry=geometry),
+    "spectral_sgd": lambda geometry: so.spectral_sgd(0.05, geometry=geometry),
+    "mup_sgd": lambda geometry: so.mup_sgd(0.05, geometry=geometry),
+    "mup_adamw": lambda geometry: so.mup_adamw(0.01, geometry=geometry),
+    "rescaled_adamw": lambda geometry: so.rescaled_adamw(0.01, geometry=geometry),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BY_OPTIMIZER_WITH_GEOMETRY))
+@pytest.mark.parametrize("as_map", [False, True])
+def test_geometry_override_matching_nothing_rejected_at_init_with_the_paths(name, as_map):
+    geometry = so.GeometryMap(UNMATCHED_OVERRIDE) if as_map else UNMATCHED_OVERRIDE
+    tx = BY_OPTIMIZER_WITH_GEOMETRY[name](geometry)  # construction cannot know the params
+    with pytest.raises(so.GeometryError, match=r"(?s)override 'Dense_7/kernel\$' matches no parameter"
+                                               r".*Dense_0/kernel.*head/kernel.*Fix the regex") as e:
+        tx.init(tree())
+    assert isinstance(e.value, ValueError)
+    # A matching override is accepted, and inside inject_hyperparams too.
+    ok = BY_OPTIMIZER_WITH_GEOMETRY[name]({r"Dense_1/kernel$": "matrix"})
+    u, _ = ok.update(tree(1), ok.init(tree()), tree())
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(u))
+    injected = optax.inject_hyperparams(BY_OPTIMIZER_WITH_GEOMETRY[name])(geometry=geometry)
+    with pytest.raises(so.GeometryError, match="Dense_7"):
+        injected.init(tree())
+
+
+# ------------------------------------------------------------------ size-0 leaves in the transforms
+TRANSFORMS = {
+    "scale_by_row_norm": lambda: so.scale_by_row_norm(1.5),
+    "scale_by_row_norm(fan_scaling=False)": lambda: so.scale_by_row_norm(3.0, fan_scaling=False),
+    "scale_by_col_norm": lambda: so.scale_by_col_norm(3.0),
+    "scale_by_sign": lambda: so.scale_by_sign(),
+    "scale_by_fan_out_rms": lambda: so.scale_by_fan_out_rms(),
+    "scale_by_spectral_norm": lambda: so.scale_by_spectral_norm(),
+    "scale_by_spectral_norm(power)": lambda: so.scale_by_spectral_norm(method="power"),
+    "scale_by_parametrization1(sgd)": lambda: so.scale_by_parametrization1("sgd"),
+    "scale_by_parametrization1(adam, base)": lambda: so.scale_by_parametrization1("adam", base=tree()),
+    "scale_by_spectral_trust_ratio": lambda: so.scale_by_spectral_trust_ratio(),
+    "orthogonalize_via_newton_schulz": lambda: so.orthogonalize_via_newton_schulz(),
+    "ema_momentum": lambda: so.ema_momentum(0.9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMS))
+def test_transform_leaves_size0_leaves_unchanged(name):
+    """Every public transform passes size-0 leaves through (no error, no NaN) and
+    gives the other leaves the update they get without the empty ones."""
+    empties = {"Dense_7": {"kernel": jnp.zeros((0, 5)), "bias": jnp.zeros((0,))}, "Dense_8": {"kernel": jnp.zeros((3, 0))}}
+    params = {**tree(), **empties}
+    grads = {**tree(1), **empties}
+    tx = TRANSFORMS[name]()
+    state = tx.init(params)
+    for _ in range(2):
+        u, state = jax.jit(tx.update)(grads, state, params)
+    for k, sub in empties.items():
+        for leaf, x in sub.items():
+            assert u[k][leaf].shape == x.shape and u[k][leaf].dtype == x.dtype
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(u))
+    plain = TRANSFORMS[name]()
+    s = plain.init(tree())
+    for _ in range(2):
+        ref, s = jax.jit(plain.update)(tree(1), s, tree())
+    for k in ref:
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), u[k], ref[k])

@@ -51,6 +51,13 @@ row = smap(lambda g: so.row_normalize(g, 3.0, axis_name="x"), P(None, "x", None)
 g64 = G.astype(np.float64)
 row_ref = np.sign(g64) * np.abs(g64) ** 2 / np.sum(np.abs(g64) ** 3, axis=1, keepdims=True) ** (2 / 3) * 16 ** (-1 / 3)
 np.testing.assert_allclose(np.asarray(row), row_ref, rtol=1e-4, atol=1e-6)
+row2 = smap(lambda g: so.row_normalize(g, 2.0, axis_name="x"), P(None, "x", None))(G)  # p = 2: no powers
+np.testing.assert_allclose(np.asarray(row2), g64 / np.linalg.norm(g64, axis=1, keepdims=True) / 4.0,
+                           rtol=1e-5, atol=1e-7)
+col = smap(lambda g: so.column_normalize(g, 3.0, axis_name="x"), P(None, None, "x"))(G)  # q* = 3/2
+col_ref = (np.sign(g64) * np.abs(g64) ** 0.5 / np.sum(np.abs(g64) ** 1.5, axis=2, keepdims=True) ** (1 / 3)
+           * 48 ** (1 / 3) / 16)
+np.testing.assert_allclose(np.asarray(col), col_ref, rtol=1e-4, atol=1e-6)
 print("ok norms")
 
 # Transforms and named optimizers with the parameters' in_specs as axis_name: equal to unsharded.
@@ -62,6 +69,7 @@ specs = {"Dense_0": {"kernel": P(None, "x"), "bias": P("x")}, "Dense_1": {"kerne
 for name, make in {
     "muon": lambda a: so.muon(0.02, axis_name=a, output="muon", vector="normalize"),
     "moga": lambda a: so.moga(0.01, p=3.0, axis_name=a),
+    "moga(col)": lambda a: so.moga(0.01, p=3.0, variant="col", axis_name=a),
     "orthogonalize": lambda a: so.orthogonalize_via_newton_schulz(axis_name=a),
     "scale_by_col_norm": lambda a: so.scale_by_col_norm(3.0, axis_name=a),
     "scale_by_spectral_norm": lambda a: so.scale_by_spectral_norm(axis_name=a),
@@ -89,5 +97,5 @@ print("ok name")
 
 def test_shard_map_axis_name_equals_unsharded():
     out = run_script(SCRIPT, devices=4)
-    for name in ("newton_schulz", "norms", "muon", "moga", "orthogonalize", "scale_by_col_norm", "name"):
+    for name in ("newton_schulz", "norms", "muon", "moga", "moga(col)", "orthogonalize", "scale_by_col_norm", "name"):
         assert f"ok {name}" in out, out

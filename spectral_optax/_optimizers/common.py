@@ -76,8 +76,10 @@ def _zero_update() -> optax.GradientTransformationExtraArgs:
     return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
 
 
-def _trainable_labels(params):
+def _trainable_labels(params, gmap: GeometryMap | None = None):
     flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    if gmap is not None and flat:  # (an empty tree is tree_map_params' placeholder)
+        gmap.check_overrides([path_str(p) for p, _ in flat])
     labels = []
     for path, x in flat:
         if not hasattr(x, "dtype") or not hasattr(x, "shape"):
@@ -91,7 +93,9 @@ def _trainable_labels(params):
     return jax.tree_util.tree_unflatten(treedef, labels)
 
 
-def train_float_leaves(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+def train_float_leaves(
+    tx: optax.GradientTransformation, gmap: GeometryMap | None = None
+) -> optax.GradientTransformationExtraArgs:
     """``tx`` on floating-point leaves with at least one entry; the others stay unchanged.
 
     The bad-value contract of every named optimizer: integer and boolean
@@ -100,6 +104,9 @@ def train_float_leaves(tx: optax.GradientTransformation) -> optax.GradientTransf
     as they are; ``tx`` never sees them, so no rule has to define a step for
     them); a leaf that is not an array (a Python float) is rejected with a
     ``TypeError`` naming its path. 0-d float leaves are trained (geometry
-    kind ``'vector'``).
+    kind ``'vector'``). With ``gmap``, a regex override of the optimizer's
+    geometry that matches no parameter path is rejected (a
+    :class:`~spectral_optax.GeometryError` listing the paths) the first time
+    the tree is seen.
     """
-    return optax.partition({"train": tx, "frozen": _zero_update()}, _trainable_labels)
+    return optax.partition({"train": tx, "frozen": _zero_update()}, lambda params: _trainable_labels(params, gmap))

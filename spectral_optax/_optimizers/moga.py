@@ -232,7 +232,8 @@ def moga(
         optax.chain(
             geometry_partition(table, _route_fn(variant, rules), gmap, check_paths=check_rules),
             *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-        )
+        ),
+        gmap,
     )
 
 
@@ -310,5 +311,6 @@ def rescaled_adamw(
             optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
             _scale_by_fan_ratio(p, q, gmap),
             *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-        )
+        ),
+        gmap,
     )

@@ -239,7 +239,7 @@ def muon(
                 )
             )
         )
-    return train_float_leaves(geometry_partition(table, route_of, gmap, split=split))
+    return train_float_leaves(geometry_partition(table, route_of, gmap, split=split), gmap)
 
 
 def _contrib_geometry(path: str, shape: tuple[int, ...]) -> Geometry:

@@ -76,7 +76,8 @@ def spectral_sgd(
             _momentum(momentum, nesterov),
             scale_by_spectral_norm(method=method, power_iterations=power_iterations, geometry=gmap),
             *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-        )
+        ),
+        gmap,
     )
 
 
@@ -115,7 +116,8 @@ def mup_sgd(
             _momentum(momentum, nesterov),
             scale_by_parametrization1("sgd", base=base, geometry=gmap),
             *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-        )
+        ),
+        gmap,
     )
 
 
@@ -155,5 +157,6 @@ def mup_adamw(
             optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
             scale_by_parametrization1("adam", base=base, geometry=gmap),
             *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
-        )
+        ),
+        gmap,
     )

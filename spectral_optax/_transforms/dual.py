@@ -36,6 +36,6 @@ def dual_map_transform(
 
     def update_fn(updates, state, params=None, **extra_args):
         del params, extra_args
-        return map_with_geometry(leaf, gmap, updates), state
+        return map_with_geometry(leaf, gmap, updates, skip_empty=True), state
 
     return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), gathered(update_fn, axis_name))

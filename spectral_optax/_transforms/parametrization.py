@@ -115,6 +115,6 @@ def scale_by_parametrization1(
                 m = m / _lookup_base(at_base, path)
             return u * jnp.asarray(m, u.dtype)
 
-        return map_with_geometry(leaf, gmap, updates, with_path=True), state
+        return map_with_geometry(leaf, gmap, updates, with_path=True, skip_empty=True), state
 
     return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)

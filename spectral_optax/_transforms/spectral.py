@@ -113,7 +113,8 @@ def scale_by_spectral_norm(
         vectors = [jnp.zeros((0,), jnp.float32)]
         if method == "power":
             flat = jax.tree_util.tree_leaves(
-                map_with_geometry(lambda g, x: g, geometry, params), is_leaf=lambda x: isinstance(x, Geometry)
+                map_with_geometry(lambda g, x: g, geometry, params, skip_empty=True),
+                is_leaf=lambda x: isinstance(x, Geometry),
             )
             for g in flat:
                 if isinstance(g, Geometry) and g.kind == "matrix":
@@ -142,7 +143,7 @@ def scale_by_spectral_norm(
                 new_vectors.append(v.reshape(-1).astype(jnp.float32))
             return from_matrix(d * jnp.asarray(g.target_spectral_norm, d.dtype), g)
 
-        new_updates = map_with_geometry(leaf, geometry, updates)
+        new_updates = map_with_geometry(leaf, geometry, updates, skip_empty=True)
         count = optax.safe_increment(state.count)
         return new_updates, ScaleBySpectralNormState(count, jnp.concatenate(new_vectors))
 

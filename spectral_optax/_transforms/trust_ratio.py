@@ -137,6 +137,6 @@ def scale_by_spectral_trust_ratio(
                 "scale_by_spectral_trust_ratio needs the parameters (the ratio is ||W|| / ||U|| per "
                 "layer): call tx.update(grads, state, params)"
             )
-        return map_with_geometry(leaf, gmap, updates, params, with_path=True), state
+        return map_with_geometry(leaf, gmap, updates, params, with_path=True, skip_empty=True), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
