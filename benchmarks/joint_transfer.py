@@ -9,7 +9,8 @@ claim under test: the best LR of all nine configurations lies within one
 grid step (factor 2).
 
     python -m benchmarks.joint_transfer [--quick] [--json PATH] [--out DIR] [--seeds K]
-        [--optimizers muon,moga,mup_adamw] [--widths 64,128,256] [--depths 2,8,32] [--steps N] [--num-lrs N] [--batch-size B]
+        [--optimizers muon,moga,mup_adamw] [--widths 64,128,256] [--depths 2,8,32] [--steps N]
+        [--num-lrs N] [--batch-size B]
 
 JSON ``summary``: keyed by optimizer (``"muon"``, ``"moga"``, ``"mup_adamw"``),
 each with ``best_lr`` per configuration (``"w{width}/K{depth}"``, train loss),
