@@ -178,6 +178,12 @@ for name, tx in (("so", so.orthogonalize_via_newton_schulz()),
         assert 0 < comm <= 3 * shard_bytes, (comm, shard_bytes)
     else:
         assert comm > 3 * shard_bytes, (comm, shard_bytes)  # the target fails without distribution
+# ... and muon passes its `distribute=` on to the orthogonalization (same bytes targets through the optimizer)
+for distribute in (True, False):
+    tx = so.muon(0.02, distribute=distribute)
+    _, comm = compiled_costs(jax.jit(tx.update), sh, tx.init(sh), sh)
+    print("muon", distribute, comm / shard_bytes)
+    assert (0 < comm <= 3 * shard_bytes) if distribute else (comm > 3 * shard_bytes), (distribute, comm)
 print("ok")
 """,
         devices=8,
