@@ -17,6 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _nn_reference import f64 as _np
+from _nn_reference import layer_norm as _ln
+from _nn_reference import randomize as _randomize
 from flax import nnx
 
 import spectral_optax as so
@@ -25,16 +28,6 @@ from spectral_optax.nn import linen as L
 from spectral_optax.nn import nnx as N
 
 V, D, H, K, T = 13, 16, 2, 3, 6
-
-
-def _np(x):
-    return np.asarray(x, np.float64)
-
-
-def _ln(x, p):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + 1e-6) * _np(p["scale"]) + _np(p["bias"])
 
 
 def _gelu(x):
@@ -82,13 +75,6 @@ def reference_gpt(p, tokens, alpha, num_blocks=K):
         h = h + alpha * (z @ b["mlp"]["dense_1"]["kernel"] + b["mlp"]["dense_1"]["bias"])
     y = _ln(h, jax.tree_util.tree_map(_np, p["ln_final"]))
     return y @ _np(p["head"]["kernel"]) + _np(p["head"]["bias"])
-
-
-def _randomize(params, seed=3, scale=0.3):
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree_util.tree_unflatten(
-        treedef, [scale * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
 
 
 @functools.cache

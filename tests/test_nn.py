@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _nn_reference import f64 as _np
+from _nn_reference import randomize as _randomize
 from flax import nnx
 
 import spectral_optax as so
@@ -29,10 +31,6 @@ pytestmark = pytest.mark.usefixtures("highest_precision")
 K, WIDTH, D_IN, D_OUT = 4, 8, 5, 3
 
 
-def _np(x):
-    return np.asarray(x, np.float64)
-
-
 def reference_residual_mlp(p, x, alpha, embed=None):
     """float64 NumPy forward of the residual MLP from its parameter dict."""
     x = _np(x)
@@ -44,14 +42,6 @@ def reference_residual_mlp(p, x, alpha, embed=None):
         z = np.maximum(h @ _np(b["dense_0"]["kernel"])[k] + _np(b["dense_0"]["bias"])[k], 0)
         h = h + alpha * (z @ _np(b["dense_1"]["kernel"])[k] + _np(b["dense_1"]["bias"])[k])
     return h @ _np(p["head"]["kernel"]) + _np(p["head"]["bias"])
-
-
-def _randomize(params, seed=3):
-    """Nonzero biases everywhere so the reference sees every parameter."""
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree_util.tree_unflatten(
-        treedef, [0.3 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
 
 
 @functools.cache

@@ -16,6 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _nn_reference import f64 as _np
+from _nn_reference import layer_norm as _ln
+from _nn_reference import randomize as _randomize
 from flax import nnx
 
 import spectral_optax as so
@@ -24,10 +27,6 @@ from spectral_optax.nn import linen as L
 from spectral_optax.nn import nnx as N
 
 C, K, CLASSES = 4, 2, 5
-
-
-def _np(x):
-    return np.asarray(x, np.float64)
 
 
 def _conv_same(x, w, b, stride=1):
@@ -46,12 +45,6 @@ def _conv_same(x, w, b, stride=1):
     return y + b
 
 
-def _ln(x, p):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + 1e-6) * _np(p["scale"]) + _np(p["bias"])
-
-
 def reference_resnet(p, x, alpha, num_blocks=K):
     p = jax.tree_util.tree_map(_np, p)
     h = _conv_same(_np(x), p["conv_in"]["kernel"], p["conv_in"]["bias"])
@@ -65,13 +58,6 @@ def reference_resnet(p, x, alpha, num_blocks=K):
             h = h + alpha * y
     h = np.maximum(_ln(h, p["ln_final"]), 0).mean((1, 2))
     return h @ p["head"]["kernel"] + p["head"]["bias"]
-
-
-def _randomize(params, seed=3, scale=0.3):
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree_util.tree_unflatten(
-        treedef, [scale * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
 
 
 @functools.cache
