@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from spectral_optax._depth import residual_alpha, scale_init
-from spectral_optax.nn.linen import _check_qkv
+from spectral_optax.nn.linen import _check_qkv, _multiplier_and_out_scale
 
 Initializer = Callable[..., Any]
 default_kernel_init = nnx.initializers.lecun_normal()
@@ -260,7 +260,7 @@ class ResidualMLP(nnx.Module):
             self.embed = nnx.Embed(vocab_size, features, rngs=rngs, **kw)
             d_in = in_features * features
         self.input_proj = nnx.Linear(d_in, features, kernel_init=kernel_init, rngs=rngs, **kw)
-        mult, out_scale = (1.0, a) if absorbed else (a, 1.0)
+        mult, out_scale = _multiplier_and_out_scale(a, absorbed)
         self.blocks = _stacked(
             lambda r: ResidualMLPBlock(
                 features, hidden_features, multiplier=mult, out_scale=out_scale, kernel_init=kernel_init, rngs=r, **kw
@@ -314,7 +314,7 @@ class Transformer(nnx.Module):
         kw = dict(dtype=dtype, param_dtype=param_dtype)
         self.embed = nnx.Embed(vocab_size, features, embedding_init=embedding_init, rngs=rngs, **kw)
         self.pos_embed = nnx.Embed(max_len, features, embedding_init=embedding_init, rngs=rngs, **kw)
-        mult, out_scale = (1.0, a) if absorbed else (a, 1.0)
+        mult, out_scale = _multiplier_and_out_scale(a, absorbed)
         _set_blocks(
             self,
             lambda r: TransformerBlock(
@@ -401,7 +401,7 @@ class ResNet(nnx.Module):
         self.branch_alpha = a
         self.num_blocks = num_blocks
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
-        mult, out_scale = (1.0, a) if absorbed else (a, 1.0)
+        mult, out_scale = _multiplier_and_out_scale(a, absorbed)
         self.conv_in = nnx.Conv(in_channels, features, (3, 3), kernel_init=kernel_init, **kw)
         for s in range(3):
             width = features * 2**s
