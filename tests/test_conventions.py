@@ -261,3 +261,57 @@ def test_params_dtype_and_state_stable_across_steps_and_cond(name, dtype):
     assert_trees_close(u, u_eager, rtol=1e-2 if dtype == jnp.bfloat16 else 1e-5)
     _, s_skip = maybe_step(False, grads_like(params, 50), state, p)
     assert_trees_close(s_skip, state, rtol=0)
+
+
+# ------------------------------------------------------------------ one state structure, injected or not
+def _numeric_hyperparameters(ctor, kw):
+    import inspect
+
+    out = []
+    for hp, prm in inspect.signature(ctor).parameters.items():
+        value = kw.get(hp, prm.default)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append(hp)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_state_structure_and_checkpoints_do_not_depend_on_injection(name):
+    """``inject_hyperparams(opt)(...).init(p).inner_state`` has the structure of ``opt(...).init(p)``, for
+    every numeric hyperparameter injected alone (the others static) and all of them together; a state saved
+    from one restores into the other and both continue with the same updates."""
+    from flax import serialization
+
+    ctor, kw = OPTIMIZERS[name]
+    params = flax_tree()
+    plain = ctor(**kw)
+    plain_state = plain.init(params)
+    hps = _numeric_hyperparameters(ctor, kw)
+    assert "learning_rate" in hps and len(hps) >= 2, hps
+    variants = [[hp] for hp in hps] + [hps]
+    for injected_hps in variants:
+        static = {h for h in hps if h not in injected_hps} | {k for k in kw if k not in hps}
+        injected = optax.inject_hyperparams(ctor, static_args=tuple(static))(**kw)
+        inj_state = injected.init(params)
+        assert jax.tree.structure(inj_state.inner_state) == jax.tree.structure(plain_state), (name, injected_hps)
+
+    # Save from plain after two steps, restore into the injected (all hyperparameters injected) and back.
+    injected = optax.inject_hyperparams(ctor)(**kw)
+    p, state = params, plain_state
+    for i in range(2):
+        u, state = plain.update(grads_like(params, 20 + i), state, p)
+        p = optax.apply_updates(p, u)
+    blob = serialization.to_bytes(state)
+    template = injected.init(params)
+    restored = template._replace(inner_state=serialization.from_bytes(template.inner_state, blob))
+    back = serialization.from_bytes(plain.init(params), serialization.to_bytes(restored.inner_state))
+    pa, sa, pb, sb, pc, sc = p, state, p, restored, p, back
+    for i in range(2, 4):
+        g = grads_like(params, 20 + i)
+        ua, sa = plain.update(g, sa, pa)
+        ub, sb = injected.update(g, sb, pb)
+        uc, sc = plain.update(g, sc, pc)
+        pa, pb, pc = optax.apply_updates(pa, ua), optax.apply_updates(pb, ub), optax.apply_updates(pc, uc)
+    for a, b, c in zip(jax.tree.leaves(pa), jax.tree.leaves(pb), jax.tree.leaves(pc)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(np.asarray(c), np.asarray(a))

@@ -49,7 +49,6 @@ from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_sc
 from spectral_optax._transforms.spectral import scale_by_fan_out_rms
 from spectral_optax._transforms.weight_decay import (
     decay_then_learning_rate,
-    is_literal_zero,
 )
 
 __all__ = ["MUON_ROUTES", "contrib_muon", "muon"]
@@ -227,18 +226,17 @@ def muon(
         value = "muon" if key is None else routes[key]
         return f"custom:{key}" if isinstance(value, optax.GradientTransformation) else value
 
-    skip_decay = is_literal_zero(weight_decay) and is_literal_zero(adam_weight_decay)
-    split = None
-    if not skip_decay:
-        split = (
-            _decay_mask_fn(weight_decay_mask)
-            if weight_decay_mask is not None
-            else (
-                lambda params: jax.tree.map(
-                    lambda g: g.kind != "vector", gmap.tree(params), is_leaf=lambda x: isinstance(x, Geometry)
-                )
+    # Routes split by the decay mask whatever the decay's value, so that a literal 0 and an injected (traced)
+    # one give the same labels and the same state structure.
+    split = (
+        _decay_mask_fn(weight_decay_mask)
+        if weight_decay_mask is not None
+        else (
+            lambda params: jax.tree.map(
+                lambda g: g.kind != "vector", gmap.tree(params), is_leaf=lambda x: isinstance(x, Geometry)
             )
         )
+    )
     return train_float_leaves(geometry_partition(table, route_of, gmap, split=split), gmap)
 
 

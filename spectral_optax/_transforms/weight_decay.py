@@ -55,18 +55,19 @@ def decay_then_learning_rate(
     """``[add_decayed_weights(weight_decay, mask), scale_by_learning_rate(lr)]``.
 
     ``weight_decay_mask=None`` uses :func:`decay_mask_sparing_vectors`;
-    ``True`` decays every leaf the tail sees (a route already chosen to decay). A
-    literal 0 weight decay adds no transform (a value injected by
-    ``optax.inject_hyperparams`` is an array and always keeps it, so the
-    chain's structure never depends on a traced value).
+    ``True`` decays every leaf the tail sees (a route already chosen to decay).
+    The decay step is always there, so the state's structure is the same
+    whether ``weight_decay`` is a literal or a value injected by
+    ``optax.inject_hyperparams`` (which traces every numeric argument): a
+    checkpoint of one restores into the other. A literal 0 makes the step an
+    identity (no work), with the same state.
     """
-    parts = []
-    if not is_literal_zero(weight_decay):
-        mask = decay_mask_sparing_vectors(geometry) if weight_decay_mask is None else weight_decay_mask
-        mask = None if mask is True else mask
-        parts.append(optax.add_decayed_weights(weight_decay, mask))
-    parts.append(optax.scale_by_learning_rate(learning_rate))
-    return parts
+    mask = decay_mask_sparing_vectors(geometry) if weight_decay_mask is None else weight_decay_mask
+    mask = None if mask is True else mask
+    decay = optax.add_decayed_weights(weight_decay, mask)
+    if is_literal_zero(weight_decay):
+        decay = optax.GradientTransformation(decay.init, lambda updates, state, params=None: (updates, state))
+    return [decay, optax.scale_by_learning_rate(learning_rate)]
 
 
 class DecoupledWeightDecayState(NamedTuple):
