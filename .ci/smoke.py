@@ -1,6 +1,7 @@
-"""Smoke test of an installed wheel: import, one step of every named optimizer, lazy imports."""
+"""Smoke test of an installed wheel: only its own package, import, one step of every named optimizer, lazy imports."""
 
 import sys
+from importlib import metadata
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,10 @@ import spectral_optax as so
 
 assert "flax.linen" not in sys.modules and "matplotlib" not in sys.modules, "import spectral_optax is not lazy"
 assert so.__file__ and "site-packages" in so.__file__, f"not the installed wheel: {so.__file__}"
+# The wheel installs one top-level package (plus its metadata): nothing that collides with another project's names.
+files = metadata.files("spectral-optax") or []
+top = sorted({f.parts[0] for f in files if not f.parts[0].endswith(".dist-info") and f.parts[0] != ".."})
+assert top == ["spectral_optax"], f"the wheel installs top-level names other than spectral_optax: {top}"
 params = {
     "Embed_0": {"embedding": jnp.ones((16, 8))},
     "Dense_0": {"kernel": jnp.linspace(-1.0, 1.0, 64).reshape(8, 8), "bias": jnp.ones(8)},
