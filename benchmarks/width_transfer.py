@@ -24,9 +24,10 @@ an interrupted run resumes where it stopped.
 Numerics are the same on every backend (``--dtype float32``, the default:
 float32 matmuls at ``Precision.HIGHEST`` and a float32 Newton-Schulz
 iteration; ``--dtype bfloat16``: bfloat16 layers and iteration with float32
-parameters). Budgets are by backend: on a CPU Muon stops at width 256
-(quick) / 512 (default) unless ``--muon-max-width`` says otherwise; on a GPU
-or TPU nothing is skipped. ``--preset gpu``: the default widths with 3 seeds.
+parameters). Budgets are by backend: on a CPU Muon stops at width 512 (the
+quick preset's widest, so the quickstart runs every optimizer at every width;
+the default preset's 1024 and 2048 are skipped for Muon) unless
+``--muon-max-width`` says otherwise; on a GPU or TPU nothing is skipped. ``--preset gpu``: the default widths with 3 seeds.
 
 References: Yang, Simon, Bernstein (2023); Yang et al. (2021), muP;
 docs/math.md section 2.
@@ -52,7 +53,7 @@ BASE_WIDTH = 64
 
 PRESETS = {
     # widths, LR-grid points, steps, seeds; Muon's widest model on a CPU
-    "quick": {"widths": [64, 128, 256, 512], "num_lrs": 8, "steps": 150, "seeds": 1, "cpu_muon_max": 256},
+    "quick": {"widths": [64, 128, 256, 512], "num_lrs": 8, "steps": 150, "seeds": 1, "cpu_muon_max": 512},
     "default": {
         "widths": [64, 128, 256, 512, 1024, 2048],
         "num_lrs": 10,
@@ -102,7 +103,7 @@ def main(argv=None):
         "--muon-max-width",
         type=int,
         default=None,
-        help="widest Muon model (default: 256 quick / 512 on a CPU, where Newton-Schulz is "
+        help="widest Muon model (default: 512 on a CPU, where Newton-Schulz is "
         "O(n^3) per step; no limit on a GPU/TPU)",
     )
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")

@@ -60,7 +60,7 @@ def test_lab_numerics():
 
 
 def test_width_transfer_budget_by_backend():
-    assert width_transfer.settings("quick", accelerator=False)["muon_max_width"] == 256
+    assert width_transfer.settings("quick", accelerator=False)["muon_max_width"] == 512
     assert width_transfer.settings("default", accelerator=False)["muon_max_width"] == 512
     for preset in ("quick", "default", "gpu"):
         assert width_transfer.settings(preset, accelerator=True)["muon_max_width"] is None
