@@ -16,7 +16,9 @@ Hypothesis profiles: ``ci`` (default) runs a few derandomized examples per
 property, fast enough for every run; ``thorough`` (``pytest
 --hypothesis-profile=thorough tests/test_properties.py``) generates >= 10,000
 cases in all (the run reported in docs/reliability.md). Both use a fixed seed
-(derandomize), so a failure reproduces.
+(derandomize), so a failure reproduces. ``portability`` (``tools/portability.sh``,
+also a CI step) is ``ci`` with the examples drawn from ``--hypothesis-seed``
+instead, so a second run explores other inputs.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ settings.register_profile(
 )
 settings.register_profile(
     "thorough", max_examples=2500, derandomize=True, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "portability", max_examples=10, derandomize=False, deadline=None, print_blob=True, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile("ci")
