@@ -27,7 +27,8 @@ iteration; ``--dtype bfloat16``: bfloat16 layers and iteration with float32
 parameters). Budgets are by backend: on a CPU Muon stops at width 512 (the
 quick preset's widest, so the quickstart runs every optimizer at every width;
 the default preset's 1024 and 2048 are skipped for Muon) unless
-``--muon-max-width`` says otherwise; on a GPU or TPU nothing is skipped. ``--preset gpu``: the default widths with 3 seeds.
+``--muon-max-width`` says otherwise; on a GPU or TPU nothing is skipped.
+``--preset gpu``: the default widths with 3 seeds.
 
 References: Yang, Simon, Bernstein (2023); Yang et al. (2021), muP;
 docs/math.md section 2.
