@@ -69,8 +69,8 @@ def relative_change(new, old, eps: float = 1e-30) -> jax.Array:
     Computed in float32 (float64 inputs stay float64), without overflow.
 
     Args:
-      new, old: arrays of equal shape; the Frobenius norms run over all
-        their entries.
+      new: the changed array (any shape; the norms run over all entries).
+      old: the reference array, of the same shape.
       eps: a norm at or below ``eps`` counts as 0: ``||old||_F <= eps`` gives
         0 when also ``||new - old||_F <= eps`` and inf otherwise.
 
@@ -87,10 +87,11 @@ def relative_feature_change(features_new, features_old) -> Any:
     """``||dh|| / ||h||`` per feature: :func:`relative_change` on each leaf.
 
     Args:
-      features_new, features_old: trees of activations of equal structure
-        (e.g. a dict by layer name of ``(batch, width)`` arrays), after and
-        before training on the same inputs; each leaf's Frobenius norm runs
-        over the whole batch.
+      features_new: the activations after training, a tree (e.g. a dict by
+        layer name of ``(batch, width)`` arrays); each leaf's Frobenius norm
+        runs over the whole batch.
+      features_old: the activations before training on the same inputs, a
+        tree of the same structure.
 
     Returns:
       a tree of scalars with the structure of ``features_new``.

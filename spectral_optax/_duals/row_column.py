@@ -122,7 +122,8 @@ def lp_dual_direction(x: jax.Array, r: Exponent, axis: int, *, axis_name=None) -
 
     The maximizer of ``<x, d>`` over ``||d||_{r*} <= 1`` (``r* = r/(r-1)``):
     it has unit ``l_{r*}`` norm and ``<x, d> = ||x||_r``. Zero vectors give 0.
-    Computed on ``|x| / max|x|`` in float32 or wider (see module docstring);
+    Computed on ``|x| / max|x|`` in float32 or wider (no overflow or
+    underflow of the powers);
     returns the compute dtype (callers cast back). Inside ``shard_map``,
     ``axis_name`` names the mesh axes that split ``axis``: the max and the
     sum are then ``pmax`` / ``psum`` over them (the unsharded result).

@@ -308,9 +308,11 @@ def rescaled_adamw(
         ``d_in^(1/p)``.
       q: fan-out exponent, ``0 < q <= inf``: the step is multiplied by
         ``d_out^(1/q)`` (``inf``: by 1).
-      b1, b2: Adam's decay rates of the first and second moment EMAs.
-      eps, eps_root: Adam's epsilon added outside and inside the square root
-        of the second moment (as ``optax.scale_by_adam``).
+      b1: Adam's first-moment EMA decay rate.
+      b2: Adam's second-moment EMA decay rate.
+      eps: Adam's epsilon, added to the square root of the second moment.
+      eps_root: Adam's epsilon inside the square root (as
+        ``optax.scale_by_adam``).
       weight_decay: decoupled weight decay coefficient (multiplied by the LR,
         not by ``s``).
       weight_decay_mask: optax mask (tree or callable); ``None`` (default):

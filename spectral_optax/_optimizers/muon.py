@@ -298,7 +298,8 @@ def contrib_muon(
         ``None``: every leaf.
       mu_dtype: dtype of the momentum buffers (default: the param's dtype).
       nesterov: Nesterov form of the momentum on both routes.
-      adam_b1, adam_b2: AdamW route's first- and second-moment decay rates.
+      adam_b1: AdamW route's first-moment EMA decay rate.
+      adam_b2: AdamW route's second-moment EMA decay rate.
       adam_eps_root: AdamW route's epsilon inside the square root.
       adam_weight_decay: AdamW route's decoupled weight decay (multiplied by
         its learning rate).

@@ -54,8 +54,8 @@ def lr_multiplier(geometry: Geometry, kind: str) -> float:
         ``'adam'`` (Adam, sign descent: updates with Theta(1) entries).
 
     Returns:
-      the multiplier, a Python float (absolute: not divided by a base
-      model's, see :func:`scale_by_parametrization1`).
+      the multiplier, a Python float; absolute, i.e. not divided by a base
+      model's (that is :func:`scale_by_parametrization1` with ``base``).
     """
     if kind == "sgd":
         return geometry.d_out / geometry.input_width

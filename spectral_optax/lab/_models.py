@@ -149,7 +149,9 @@ class MLP(nn.Module):
     maps to ``num_outputs``.
 
     Attributes:
-      width, depth, num_outputs: sizes.
+      width: width of every hidden layer.
+      depth: number of hidden layers (residual blocks with ``residual=True``).
+      num_outputs: outputs of the ``head`` (classes, or 1).
       input: ``'dense'`` or ``'bytes'``.
       residual: residual blocks instead of plain layers.
       alpha: branch multiplier (``None``: 1).
@@ -234,7 +236,8 @@ def mlp_family(
     Args:
       data: a lab :class:`~spectral_optax.lab.Dataset`.
       vary: which attribute the size sets: ``'width'`` or ``'depth'``.
-      width, depth: the fixed value of the other attribute.
+      width: hidden width when ``vary='depth'``.
+      depth: hidden layers (or residual blocks) when ``vary='width'``.
       residual: residual blocks (see :class:`MLP`).
       alpha: branch multiplier, a number or ``depth -> alpha`` (e.g.
         ``lambda K: 2 / K``, the inverse-depth rule).
