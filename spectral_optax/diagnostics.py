@@ -64,7 +64,19 @@ def _f32(x):
 
 
 def relative_change(new, old, eps: float = 1e-30) -> jax.Array:
-    """``||new - old||_F / ||old||_F`` (0 when both are 0, inf when only old is)."""
+    """``||new - old||_F / ||old||_F`` (0 when both are 0, inf when only old is).
+
+    Computed in float32 (float64 inputs stay float64), without overflow.
+
+    Args:
+      new: the changed array (any shape; the norms run over all entries).
+      old: the reference array, of the same shape.
+      eps: a norm at or below ``eps`` counts as 0: ``||old||_F <= eps`` gives
+        0 when also ``||new - old||_F <= eps`` and inf otherwise.
+
+    Returns:
+      a scalar.
+    """
     new, old = _f32(new), _f32(old)
     num = safe_norm(new - old)
     den = safe_norm(old)
@@ -72,8 +84,18 @@ def relative_change(new, old, eps: float = 1e-30) -> jax.Array:
 
 
 def relative_feature_change(features_new, features_old) -> Any:
-    """``||dh|| / ||h||`` per feature (a tree of activations, e.g. a dict by
-    layer name); Frobenius norms over the whole batch."""
+    """``||dh|| / ||h||`` per feature: :func:`relative_change` on each leaf.
+
+    Args:
+      features_new: the activations after training, a tree (e.g. a dict by
+        layer name of ``(batch, width)`` arrays); each leaf's Frobenius norm
+        runs over the whole batch.
+      features_old: the activations before training on the same inputs, a
+        tree of the same structure.
+
+    Returns:
+      a tree of scalars with the structure of ``features_new``.
+    """
     return jax.tree.map(relative_change, features_new, features_old)
 
 
@@ -97,18 +119,35 @@ def spectral_norm(x, geometry: Geometry | None = None, *, method: str = "auto", 
         fan-in axis -2 and fan-out axis -1 (a vector for < 2 dims).
       method: ``'svd'`` (exact), ``'power'`` (``iters`` power iterations, for
         large matrices) or ``'auto'`` (SVD up to min dimension 1024).
+      iters: number of power iterations (cold-started, on the shorter side);
+        used only when the power method runs.
     """
     m = to_matrix(_f32(x), _as_geometry(x, geometry))
     return jnp.max(top_singular_value(m, method, iters))
 
 
 def frobenius_norm(x) -> jax.Array:
-    """``||W||_F``."""
+    """``||W||_F``, the square root of the sum of squared entries (no overflow).
+
+    Args:
+      x: an array of any shape; computed in float32 (float64 stays float64).
+    """
     return safe_norm(_f32(x))
 
 
 def stable_rank(x, geometry: Geometry | None = None, *, method: str = "auto") -> jax.Array:
-    """``||W||_F^2 / ||W||_*^2`` of the matrix view (per slice; the mean over slices)."""
+    """``||W||_F^2 / ||W||_*^2`` of the matrix view (per slice; the mean over slices).
+
+    Between 1 (rank one) and ``min(d_in, d_out)`` (all singular values
+    equal); scale-invariant.
+
+    Args:
+      x: the parameter (or update).
+      geometry: its :class:`~spectral_optax.Geometry`; default: a matrix with
+        fan-in axis -2 and fan-out axis -1 (a vector for < 2 dims).
+      method: how ``||W||_*`` is computed, as in :func:`spectral_norm`
+        (100 power iterations for ``'power'``).
+    """
     m = to_matrix(_f32(x), _as_geometry(x, geometry))
     m = m / safe_max_abs(m, axis=(-2, -1))  # scale-invariant; avoids overflow
     top = top_singular_value(m, method, 100)
@@ -126,8 +165,8 @@ def relative_weight_change(
       norm: ``'spectral'`` (largest singular value of the canonical matrix
         view, max over slices) or ``'frobenius'``.
       geometry: geometry overrides for trees (see
-        :func:`spectral_optax.as_geometry_map`), or a :class:`Geometry` for a
-        single array.
+        :func:`spectral_optax.as_geometry_map`), or a
+        :class:`~spectral_optax.Geometry` for a single array.
       method: spectral-norm method, see :func:`spectral_norm`.
 
     Returns:
@@ -183,7 +222,16 @@ def coord_check_mlp(
 
     ``init='spectral'``: Parametrization 1, std ``gain / sqrt(d_in) *
     min(1, sqrt(d_out / d_in))`` per layer; ``init='standard'``: Kaiming
-    (SP), std ``gain / sqrt(d_in)`` for every layer.
+    (SP), std ``gain / sqrt(d_in)`` for every layer (``d_in``, ``d_out``:
+    that layer's fan-in and fan-out).
+
+    Args:
+      width: width of every hidden layer.
+      depth: number of hidden layers (``depth + 1`` weight matrices).
+      d_in: input dimension.
+      d_out: output dimension.
+      init: ``'spectral'`` or ``'standard'`` (above).
+      gain: the init gain; the default ``sqrt(2)`` is the ReLU gain.
     """
     if init not in ("spectral", "standard"):
         raise ValueError(f"init must be 'spectral' or 'standard', got {init!r}")
@@ -301,7 +349,8 @@ def coord_check(
 ) -> CoordCheck:
     """Coordinate check: relative activation change per layer across widths.
 
-    Trains the bias-free ReLU MLP of :func:`coord_check_mlp` (``d_in ->
+    Trains the bias-free ReLU MLP of
+    :func:`~spectral_optax.diagnostics.coord_check_mlp` (``d_in ->
     width x depth -> 1``) for ``steps`` full-batch steps of the mean squared
     error ``0.5 (f - y)^2`` on a fixed batch, then measures
     ``||h_t - h_0||_F / ||h_0||_F`` on that batch for every hidden layer (and
@@ -327,7 +376,7 @@ def coord_check(
       plot: save a log-log plot there when given.
 
     Returns:
-      a :class:`CoordCheck` (``.table``, ``.ratio(layer)``, ``.format()``,
+      a :class:`~spectral_optax.diagnostics.CoordCheck` (``.table``, ``.ratio(layer)``, ``.format()``,
       ``.plot()``).
     """
     widths = [int(w) for w in widths]
@@ -548,8 +597,18 @@ def outer_product_sum(key, d_in: int, d_out: int, batch: int, *, example_weights
     The no-structure baseline of the stable-rank figure: its stable rank
     grows with ``batch`` toward that of a square Gaussian matrix,
     ``d^2 / (2 sqrt(d))^2 = d / 4`` for ``d_in = d_out = d``.
-    ``example_weights`` (``(batch,)``, default all 1): a 0/1 mask selects a
-    sub-batch with fixed shapes (see :func:`mlp_batch_gradient`).
+
+    Args:
+      key: PRNG key of the vectors ``u_b``, ``v_b``.
+      d_in: length of each ``u_b`` (rows of the result).
+      d_out: length of each ``v_b`` (columns of the result).
+      batch: number of outer products ``B``.
+      example_weights: optional ``(batch,)`` weights ``w_b`` (default all 1);
+        a 0/1 mask selects a sub-batch with fixed shapes (see
+        :func:`~spectral_optax.diagnostics.mlp_batch_gradient`).
+
+    Returns:
+      the ``(d_in, d_out)`` float32 sum.
     """
     ku, kv = jax.random.split(key)
     u = jax.random.normal(ku, (batch, d_in))

@@ -122,10 +122,24 @@ def lp_dual_direction(x: jax.Array, r: Exponent, axis: int, *, axis_name=None) -
 
     The maximizer of ``<x, d>`` over ``||d||_{r*} <= 1`` (``r* = r/(r-1)``):
     it has unit ``l_{r*}`` norm and ``<x, d> = ||x||_r``. Zero vectors give 0.
-    Computed on ``|x| / max|x|`` in float32 or wider (see module docstring);
+    Computed on ``|x| / max|x|`` in float32 or wider (no overflow or
+    underflow of the powers);
     returns the compute dtype (callers cast back). Inside ``shard_map``,
     ``axis_name`` names the mesh axes that split ``axis``: the max and the
     sum are then ``pmax`` / ``psum`` over them (the unsharded result).
+
+    Args:
+      x: a canonical view ``(num_slices, d_in, d_out)``.
+      r: the norm exponent, ``1 <= r < inf``; a Python number (fast paths
+        for ``r = 1``: ``sign(x)``, and ``r = 2``: l2 normalization) or a
+        traced scalar (``optax.inject_hyperparams``).
+      axis: the axis of the vectors: 1 (fan-in vectors, one per fan-out
+        index) or 2 (fan-out vectors, one per fan-in index).
+      axis_name: inside ``shard_map``, the mesh axes splitting ``axis``;
+        ``None``: ``x`` is whole.
+
+    Returns:
+      the direction, shape of ``x``, in the compute dtype.
     """
     if x.ndim != 3 or axis not in (1, 2):
         raise ValueError(f"expected a (num_slices, d_in, d_out) array and axis 1 or 2, got {x.shape}, {axis}")

@@ -74,6 +74,15 @@ def moga_labels(
     '/'-joined path wins; otherwise hidden matrices get ``variant``, output
     matrices (role ``'output'``) ``'head'``, embeddings and vectors ``'sign'``.
     A rule given as a GradientTransformation is labelled ``'custom:<regex>'``.
+
+    Args:
+      variant: ``'row'`` or ``'col'``: the label of hidden matrices.
+      rules: ``{regex: rule}`` per-path overrides, as in :func:`moga`.
+      geometry: see :func:`spectral_optax.as_geometry_map`.
+
+    Returns:
+      a function ``params -> tree`` of the same structure holding each leaf's
+      rule name (one of ``MOGA_RULES`` or ``'custom:<regex>'``).
     """
     return label_by_geometry(_route_fn(variant, rules), as_geometry_map(geometry))
 
@@ -292,9 +301,29 @@ def rescaled_adamw(
     give other factors; ``p = q = 2`` gives ``sqrt(d_out / d_in)``, which
     does *not* meet the spectral condition for a sign-like step (it is
     ``sqrt(d_in d_out)`` times too large).
-    Other arguments are those of ``optax.adamw`` (weight decay is decoupled
-    and not rescaled; ``weight_decay_mask=None`` spares vectors, as
-    :func:`spectral_optax.mup_adamw`).
+
+    Args:
+      learning_rate: float or optax schedule.
+      p: fan-in exponent, ``1 <= p < inf``: the step is divided by
+        ``d_in^(1/p)``.
+      q: fan-out exponent, ``0 < q <= inf``: the step is multiplied by
+        ``d_out^(1/q)`` (``inf``: by 1).
+      b1: Adam's first-moment EMA decay rate.
+      b2: Adam's second-moment EMA decay rate.
+      eps: Adam's epsilon, added to the square root of the second moment.
+      eps_root: Adam's epsilon inside the square root (as
+        ``optax.scale_by_adam``).
+      weight_decay: decoupled weight decay coefficient (multiplied by the LR,
+        not by ``s``).
+      weight_decay_mask: optax mask (tree or callable); ``None`` (default):
+        matrices and embeddings, sparing vectors, as
+        :func:`spectral_optax.mup_adamw`.
+      mu_dtype: first-moment dtype (default: the gradient's dtype).
+      nesterov: ``optax.scale_by_adam``'s Nesterov form of the first moment.
+      geometry: see :func:`spectral_optax.as_geometry_map`.
+
+    Returns:
+      An ``optax.GradientTransformation``.
 
     References:
       Yang et al. (2022), "Tensor Programs V"; Wong, Xu, Li, Lu (2026);

@@ -282,6 +282,36 @@ def contrib_muon(
     One difference: a ``weight_decay_mask`` given here applies to both routes
     (contrib applies it to the Muon leaves only); ``None`` decays every leaf,
     as contrib does with ``weight_decay`` / ``adam_weight_decay``.
+
+    Args:
+      learning_rate: learning rate or schedule of the Muon route (and of the
+        AdamW route unless ``adam_learning_rate`` is given).
+      ns_steps: number of Newton-Schulz iterations (Muon's quintic
+        coefficients at every step).
+      beta: EMA momentum coefficient of the Muon route (the AdamW route uses
+        ``adam_b1``).
+      eps: Adam's epsilon, added to the square root of the second moment on
+        the AdamW route (not used on the Muon route, see above).
+      weight_decay: decoupled weight decay of the Muon route (multiplied by
+        the learning rate).
+      weight_decay_mask: optax mask (tree or callable) for both routes;
+        ``None``: every leaf.
+      mu_dtype: dtype of the momentum buffers (default: the param's dtype).
+      nesterov: Nesterov form of the momentum on both routes.
+      adam_b1: AdamW route's first-moment EMA decay rate.
+      adam_b2: AdamW route's second-moment EMA decay rate.
+      adam_eps_root: AdamW route's epsilon inside the square root.
+      adam_weight_decay: AdamW route's decoupled weight decay (multiplied by
+        its learning rate).
+      adam_learning_rate: AdamW route's learning rate or schedule (default:
+        ``learning_rate``).
+      consistent_rms: when given, scale the orthogonalized step by
+        ``consistent_rms * sqrt(max(d_in, d_out))`` (an update RMS of about
+        ``consistent_rms`` at every shape; 0.2 is contrib's suggestion to match
+        AdamW) instead of ``sqrt(max(1, d_out / d_in))``.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs``.
     """
     import jax.numpy as jnp
 

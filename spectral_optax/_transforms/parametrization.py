@@ -44,7 +44,18 @@ def lr_multiplier(geometry: Geometry, kind: str) -> float:
     """Parametrization-1 learning-rate multiplier of one parameter.
 
     ``d_out / n_in`` for ``kind='sgd'``, ``1 / n_in`` for ``kind='adam'``,
-    with ``n_in = geometry.input_width``.
+    with ``n_in = geometry.input_width`` (``d_in`` for a matrix, 1 for an
+    embedding or a vector).
+
+    Args:
+      geometry: the parameter's :class:`~spectral_optax.Geometry`; ``d_out``
+        is per fused block.
+      kind: ``'sgd'`` (updates whose size follows the gradient's) or
+        ``'adam'`` (Adam, sign descent: updates with Theta(1) entries).
+
+    Returns:
+      the multiplier, a Python float; absolute, i.e. not divided by a base
+      model's (that is :func:`scale_by_parametrization1` with ``base``).
     """
     if kind == "sgd":
         return geometry.d_out / geometry.input_width

@@ -35,7 +35,7 @@ def scale_by_row_norm(
 
     For every output neuron ``i`` (fan-out index; a column of a Flax
     ``(in, out)`` kernel) of every batch slice, the fan-in vector ``g_i`` of
-    the update becomes
+    the update becomes::
 
         sign(g_i) |g_i|^(p-1) / ||g_i||_p^(p-1) * d_in^(-1/p),
 
@@ -74,7 +74,7 @@ def scale_by_col_norm(
     """Steepest descent under the (1,mean) -> (q,mean) operator norm ("column").
 
     For every input index ``j`` (fan-in index; a row of a Flax kernel) of
-    every batch slice, the fan-out vector ``h_j`` of the update becomes
+    every batch slice, the fan-out vector ``h_j`` of the update becomes::
 
         sign(h_j) |h_j|^(q*-1) / ||h_j||_{q*}^(q*-1) * d_out^(1/q) / d_in,
 

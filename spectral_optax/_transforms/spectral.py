@@ -50,9 +50,17 @@ def scale_by_fan_out_rms(
     The steepest-descent direction of an embedding table (one-hot inputs);
     for a vector (``d_in = 1``) the whole vector is scaled to RMS 1. This is
     :func:`scale_by_spectral_norm`'s rule for embeddings and vectors, and
-    ``muon``'s ``'normalize'`` route. Stateless. ``axis_name``: inside
-    ``shard_map`` / ``pmap``, how the update blocks are sharded (see
-    :func:`orthogonalize_via_newton_schulz`).
+    ``muon``'s ``'normalize'`` route. Stateless; all-zero vectors stay zero.
+
+    Args:
+      geometry: anything :func:`spectral_optax.as_geometry_map` accepts
+        (``None`` infers from Flax names).
+      axis_name: inside ``shard_map`` / ``pmap``, how the update blocks are
+        sharded (see :func:`orthogonalize_via_newton_schulz`).
+
+    Returns:
+      A stateless ``optax.GradientTransformationExtraArgs``; dtypes are
+      preserved.
     """
     return dual_map_transform(normalize_fan_out_rms, geometry, axis_name)
 

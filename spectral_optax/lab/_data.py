@@ -125,6 +125,11 @@ def digits(*, num_val: int = 297, split_seed: int = 0) -> Dataset:
     deviation (constant pixels get std 1). The split is a fixed permutation
     (``split_seed``): the last ``num_val`` examples are the validation set.
 
+    Args:
+      num_val: validation examples, in ``(0, 1797)``; the other
+        ``1797 - num_val`` are the training set.
+      split_seed: seed of the permutation that splits train from validation.
+
     Returns:
       a :class:`Dataset` with ``input_shape=(64,)``.
     """
@@ -164,6 +169,18 @@ def digits_augmented(
     loss 1.18 after 80 Muon steps at batch 32 with the defaults, 0.19 on the
     un-augmented digits; with ``pad=2, noise=0.35`` it stays at chance.)
 
+    Args:
+      copies: augmented versions of each training image (``>= 1``); the
+        training set has ``copies * (1797 - num_val)`` examples.
+      pad: zero padding on each side in pixels (``>= 0``), which is also the
+        largest translation each way.
+      noise: standard deviation of the additive Gaussian pixel noise
+        (``>= 0``), in units of the ``[0, 1]`` pixel scale.
+      num_val: held-out digits, in ``(0, 1797)``, as in :func:`digits`.
+      split_seed: seed of the train/validation permutation (the same split as
+        :func:`digits` for the same seed).
+      seed: seed of the augmentation draws (offsets, contrasts, noise).
+
     Returns:
       a :class:`Dataset` with ``input_shape=(8 + 2 pad, 8 + 2 pad, 1)``,
       standardized with the training mean and standard deviation.
@@ -201,6 +218,17 @@ def digits_binary(classes: tuple[int, int] = (3, 8), *, num_train: int = 200, sp
     ``num_train`` examples (balanced, first class -> -1, second -> +1) from a
     fixed permutation; the remaining examples of the two classes form the
     validation set. Inputs standardized with training statistics.
+
+    Args:
+      classes: the two digits ``(a, b)``; ``a`` gets target -1, ``b`` +1.
+      num_train: training examples (``>= 2``), half of each class (the second
+        class gets the odd one); ``num_train // 2`` must be smaller than each
+        class's count (about 180 images per digit).
+      split_seed: seed of the permutations that pick the training examples.
+
+    Returns:
+      a :class:`Dataset` of kind ``'regression'`` with ``num_outputs=1`` and
+      ``input_shape=(64,)``.
     """
     a, b = classes
     x, y = _digits_raw()
@@ -408,6 +436,18 @@ def load(spec: str = "text", *, context: int = 8, flatten: bool = True, sequence
     (:func:`digits_augmented`), ``'text:PATH'`` (a UTF-8
     file), ``'cifar10:DIR'`` / ``'cifar100:DIR'`` (binary batch files).
     ``sequence=True``: text as a language-modelling task (see :func:`text`).
+
+    Args:
+      spec: ``'text'``, ``'text:PATH'``, ``'digits'``, ``'digits_aug'``,
+        ``'cifar10:DIR'`` or ``'cifar100:DIR'``; the digits use their
+        defaults.
+      context: bytes of context per example (text only).
+      flatten: CIFAR only: inputs ``(3072,)`` (default) instead of
+        ``(32, 32, 3)``.
+      sequence: text only: targets at every position.
+
+    Returns:
+      the :class:`Dataset`.
     """
     kind, _, arg = spec.partition(":")
     if kind == "text":

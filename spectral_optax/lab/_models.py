@@ -42,7 +42,18 @@ INITS = ("spectral", "standard")
 # Initializers.
 # --------------------------------------------------------------------------
 def kernel_init(init: str = "spectral", gain: float = math.sqrt(2.0)):
-    """Dense-kernel initializer for parametrization ``init``."""
+    """Dense-kernel initializer for parametrization ``init``.
+
+    Args:
+      init: ``'spectral'``: :func:`~spectral_optax.initializers.spectral_normal`,
+        std ``gain / sqrt(d_in) * min(1, sqrt(d_out / d_in))``;
+        ``'standard'``: Flax's LeCun normal, std ``1 / sqrt(d_in)``.
+      gain: the spectral init's gain (default ``sqrt(2)``, the ReLU gain);
+        ignored for ``'standard'``.
+
+    Returns:
+      an initializer ``(key, shape, dtype) -> Array``.
+    """
     if init == "standard":
         return nn.initializers.lecun_normal()
     if init != "spectral":
@@ -51,7 +62,17 @@ def kernel_init(init: str = "spectral", gain: float = math.sqrt(2.0)):
 
 
 def embed_init(init: str = "spectral"):
-    """Embedding initializer: ``N(0, 1)`` (spectral) or Flax's default (standard)."""
+    """Embedding initializer: ``N(0, 1)`` (spectral) or Flax's default (standard).
+
+    Args:
+      init: ``'spectral'``: i.i.d. ``N(0, 1)`` entries at every width
+        (:func:`~spectral_optax.initializers.spectral_embedding`);
+        ``'standard'``: Flax's ``nn.Embed`` default, std
+        ``1 / sqrt(features)`` for a ``(vocab, features)`` table.
+
+    Returns:
+      an initializer ``(key, shape, dtype) -> Array``.
+    """
     if init == "standard":
         return nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
     if init != "spectral":
@@ -99,8 +120,14 @@ class Model(NamedTuple):
 
 
 def loss_for(loss: str | Callable) -> Callable:
-    """Per-example loss ``(outputs, y)``: ``'xent'`` (integer labels) or
-    ``'mse'`` (``0.5 (f - y)^2`` on a scalar output), or a callable."""
+    """Per-example loss ``(outputs, y) -> (batch,)``, computed in float32.
+
+    Args:
+      loss: ``'xent'``: softmax cross-entropy of logits against integer
+        labels ``y``; ``'mse'``: ``0.5 (f - y)^2`` with the output ``f``
+        reshaped to ``y``'s shape (one scalar output per example); or a
+        callable ``(outputs, y) -> per-example loss``, returned as is.
+    """
     if callable(loss):
         return loss
     if loss == "xent":
@@ -122,7 +149,9 @@ class MLP(nn.Module):
     maps to ``num_outputs``.
 
     Attributes:
-      width, depth, num_outputs: sizes.
+      width: width of every hidden layer.
+      depth: number of hidden layers (residual blocks with ``residual=True``).
+      num_outputs: outputs of the ``head`` (classes, or 1).
       input: ``'dense'`` or ``'bytes'``.
       residual: residual blocks instead of plain layers.
       alpha: branch multiplier (``None``: 1).
@@ -205,9 +234,10 @@ def mlp_family(
     """``size -> Model``: MLPs on ``data`` varying ``'width'`` or ``'depth'``.
 
     Args:
-      data: a lab :class:`~spectral_optax.lab._data.Dataset`.
+      data: a lab :class:`~spectral_optax.lab.Dataset`.
       vary: which attribute the size sets: ``'width'`` or ``'depth'``.
-      width, depth: the fixed value of the other attribute.
+      width: hidden width when ``vary='depth'``.
+      depth: hidden layers (or residual blocks) when ``vary='width'``.
       residual: residual blocks (see :class:`MLP`).
       alpha: branch multiplier, a number or ``depth -> alpha`` (e.g.
         ``lambda K: 2 / K``, the inverse-depth rule).
@@ -257,17 +287,28 @@ def gpt_family(
     on a ``'sequence'`` dataset (``lab.text(..., sequence=True)``), varying
     ``'depth'`` (K blocks) or ``'width'``.
 
+    The context length (``max_len``) is ``data.context`` and the vocabulary
+    ``data.num_outputs``; the loss is the mean next-token cross-entropy over
+    every position.
+
     Args:
       data: a lab dataset of kind ``'sequence'`` (targets at every position).
-      vary: ``'depth'`` or ``'width'``; width, depth: the fixed other one.
-      num_heads: attention heads (default ``width // head_dim``).
+      vary: which attribute the size sets: ``'depth'`` (K) or ``'width'``.
+      width: model width (``features``) when ``vary='depth'``.
+      depth: number of blocks K when ``vary='width'``.
+      num_heads: attention heads; default ``max(1, width // head_dim)`` at
+        each size.
+      head_dim: per-head dimension used for the default ``num_heads``.
       scaled: branches ``h + (base_blocks / K) f(h)`` (True) or ``h + f(h)``.
+      base_blocks: the depth at which the scaled branch multiplier is 1.
       init: ``'spectral'`` (Parametrization 1: kernels
         ``spectral_normal(gain=1)``, embeddings ``N(0, 1)``) or ``'standard'``
         (Flax defaults).
       qkv: ``'fused'`` or ``'split'``.
       dtype: computation dtype (e.g. ``jnp.bfloat16`` on accelerators;
         parameters stay float32).
+      **transformer_kwargs: further :class:`spectral_optax.nn.linen.Transformer`
+        attributes (e.g. ``mlp_ratio``, ``scan``, ``absorbed``).
     """
     from spectral_optax.nn.linen import Transformer
 
@@ -320,9 +361,18 @@ def resnet_family(
     ``lab.digits_augmented()`` or ``lab.cifar(dir)``), varying ``'depth'`` (K)
     or ``'width'`` (the first stage's channels).
 
-    ``scaled``: branches ``h + (base_blocks / K) f(h)`` or ``h + f(h)``;
-    ``init``: ``'spectral'`` (``spectral_normal(gain=sqrt 2)`` kernels, conv
-    fan-in = window x in) or ``'standard'`` (Flax defaults).
+    Args:
+      data: a lab dataset with image inputs (``len(data.input_shape) == 3``).
+      vary: which attribute the size sets: ``'depth'`` (K) or ``'width'``.
+      width: first-stage channels when ``vary='depth'`` (the stages have
+        ``width * (1, 2, 4)``).
+      depth: blocks per stage K when ``vary='width'``.
+      scaled: branches ``h + (base_blocks / K) f(h)`` (True) or ``h + f(h)``.
+      base_blocks: the depth at which the scaled branch multiplier is 1.
+      init: ``'spectral'`` (``spectral_normal(gain=sqrt 2)`` kernels, conv
+        fan-in = window x in) or ``'standard'`` (Flax defaults).
+      dtype: computation dtype (e.g. ``jnp.bfloat16``; ``None``: float32, as
+        the parameters).
     """
     from spectral_optax.nn.linen import ResNet
 

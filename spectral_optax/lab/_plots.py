@@ -35,7 +35,13 @@ def _pyplot():
 
 
 def savefig(fig, path, dpi: int = 90) -> None:
-    """Save ``fig`` to ``path`` (PNG kept small: modest dpi)."""
+    """Save ``fig`` to ``path`` (PNG kept small: modest dpi), creating its directory.
+
+    Args:
+      fig: a matplotlib figure.
+      path: the file to write; the format follows its extension.
+      dpi: resolution in dots per inch (cropped to the drawn area).
+    """
     import os
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -46,7 +52,7 @@ def plot_sweep(result, path=None, *, ax=None, metric: str = "train_loss", title=
     """Loss vs LR for one sweep.
 
     Args:
-      result: a :class:`~spectral_optax.lab._sweep.SweepResult` or a list of runs.
+      result: a :class:`~spectral_optax.lab.SweepResult` or a list of runs.
       path: save the figure there (PNG) when given.
       ax: draw into this matplotlib axis (a new figure otherwise).
       metric: ``'train_loss'`` or ``'val_loss'``.
@@ -114,7 +120,16 @@ def plot_sweeps(
     """One :func:`plot_sweep` panel per sweep, side by side; saved to ``path``.
 
     Args:
-      results: ``{name: SweepResult or runs}`` or a list of SweepResults.
+      results: ``{name: SweepResult or runs}`` or a list of SweepResults
+        (each panel titled by its name and spread in grid steps).
+      path: save the figure there (PNG) when given (the figure is then
+        closed).
+      metric: ``'train_loss'`` or ``'val_loss'``, for every panel.
+      ncols: panels per row (default ``min(len(results), 3)``).
+      suptitle: a title over all panels (none by default).
+
+    Returns:
+      the matplotlib figure.
     """
     plt = _pyplot()
     if not isinstance(results, Mapping):

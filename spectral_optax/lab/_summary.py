@@ -12,7 +12,17 @@ __all__ = ["lr_grid", "refine_minimum", "spread_steps", "summarize"]
 
 # --------------------------------------------------------------------------
 def lr_grid(center: float, num: int = 10, ratio: float = 2.0) -> list[float]:
-    """``num`` learning rates ``center * ratio**k``, ``k = -(num // 2) .. num - 1 - num // 2``."""
+    """``num`` learning rates ``center * ratio**k``, ``k = -(num // 2) .. num - 1 - num // 2``.
+
+    Args:
+      center: the LR at ``k = 0`` (the middle of the grid; for even ``num``
+        the upper of the two middle points).
+      num: number of grid points.
+      ratio: factor between neighbouring points (one grid step).
+
+    Returns:
+      the increasing list of LRs.
+    """
     return [float(center * ratio ** (k - num // 2)) for k in range(num)]
 
 
@@ -49,7 +59,14 @@ def refine_minimum(lrs: Sequence[float], losses: Sequence[float]) -> tuple[float
 
 
 def spread_steps(best_lrs: Iterable[float], grid_ratio: float = 2.0) -> float:
-    """``log2(max / min) / log2(grid_ratio)`` over the finite best LRs (0 for < 2)."""
+    """``log2(max / min) / log2(grid_ratio)`` over the finite best LRs (0 for < 2).
+
+    Args:
+      best_lrs: best learning rate per size; ``None``, non-finite and
+        non-positive entries are skipped.
+      grid_ratio: factor between neighbouring grid points, so the result is
+        the best LR's movement in grid steps.
+    """
     b = np.asarray([x for x in best_lrs if x is not None and np.isfinite(x) and x > 0], float)
     if len(b) < 2:
         return 0.0

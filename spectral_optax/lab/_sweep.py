@@ -66,6 +66,16 @@ def warmup_cosine(steps: int, warmup: float = 0.05, final: float = 0.0) -> optax
 
     ``m`` peaks at 1 (the grid LR is the peak LR), is positive at step 0 (no
     wasted step) and reaches ``final`` at ``t = steps``.
+
+    Args:
+      steps: total training steps (``>= 1``).
+      warmup: fraction of ``steps`` spent warming up, in ``[0, 1)`` (at least
+        one step).
+      final: the multiplier at the end of the cosine, in ``[0, 1]`` (``0``:
+        decay to zero).
+
+    Returns:
+      a schedule ``t -> m(t)`` (float32), usable under ``jit``.
     """
     if steps < 1 or not 0 <= warmup < 1 or not 0 <= final <= 1:
         raise ValueError(
@@ -105,7 +115,16 @@ def _json_float(x):
 
 def load_runs(path: str | os.PathLike | None) -> list[dict]:
     """Read a JSONL results file (missing file: no runs). Malformed lines (a
-    run interrupted while writing) are skipped with a warning."""
+    run interrupted while writing) are skipped with a warning.
+
+    Args:
+      path: the results file written by :func:`sweep` / :func:`append_run`;
+        ``None`` or a missing file gives ``[]``.
+
+    Returns:
+      one dict per run record (a JSON object with at least ``lr`` and
+      ``size``), in file order.
+    """
     if path is None or not os.path.exists(path):
         return []
     runs = []
@@ -126,7 +145,17 @@ def load_runs(path: str | os.PathLike | None) -> list[dict]:
 
 
 def append_run(path: str | os.PathLike, record: dict) -> None:
-    """Append one run as one JSON line (flushed and fsynced)."""
+    """Append one run as one JSON line (flushed and fsynced).
+
+    The file and its directory are created when missing; a last line left
+    without its newline (an interrupted write) is terminated first, so the
+    new record starts on its own line.
+
+    Args:
+      path: the JSONL results file.
+      record: the run, a JSON-serializable dict with finite floats (``NaN``
+        and ``inf`` raise ``ValueError``; store them as ``None``).
+    """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     needs_newline = False
     if os.path.exists(path) and os.path.getsize(path) > 0:
@@ -181,7 +210,7 @@ class SweepResult:
 
     def plot(self, path=None, *, ax=None, metric: str = "train_loss", title: str | None = None):
         """Loss vs LR, one curve per size, a star at each best LR (see
-        :func:`spectral_optax.lab._plots.plot_sweep`)."""
+        :func:`~spectral_optax.lab.plot_sweep`)."""
 
         return plot_sweep(self, path, ax=ax, metric=metric, title=title)
 
@@ -307,9 +336,9 @@ def sweep(
     """Train ``family(size)`` for every size x LR x seed; resumable.
 
     Args:
-      family: ``size -> Model`` (a :class:`~spectral_optax.lab._models.Model`
+      family: ``size -> Model`` (a :class:`~spectral_optax.lab.Model`
         with ``init(key)``, ``loss(params, x, y)``); see
-        :func:`~spectral_optax.lab._models.mlp_family`.
+        :func:`~spectral_optax.lab.mlp_family`.
       optimizer: ``(lr, size) -> optax.GradientTransformation`` (or
         ``lr -> ...``). Called inside ``vmap`` with a *traced* scalar ``lr``,
         so it must use ``lr`` arithmetically (every optax optimizer and the
@@ -318,7 +347,7 @@ def sweep(
       sizes: widths, depths, ...: each is passed to ``family`` and
         ``optimizer``.
       lrs: the LR grid (factor-2 steps by convention, see :func:`lr_grid`).
-      data: a lab :class:`~spectral_optax.lab._data.Dataset`.
+      data: a lab :class:`~spectral_optax.lab.Dataset`.
       steps: training steps per run.
       batch_size: examples per step (sampled with replacement, the same
         sequence for every LR of a seed).
