@@ -202,6 +202,9 @@ def test_training_lowers_train_and_val_loss():
     params = model.init(jax.random.split(jax.random.key(0))[0])
     xv, yv = data.numpy_batch("val", np.linspace(0, data.num_val - 1, 64).round().astype(int))
     val0 = float(model.loss(params, xv, yv))
+    # Margin measured 2026-12-01 (AMD EPYC, jax 0.10.2), this run with seeds=range(5) on the default ISA and on
+    # XLA_FLAGS=--xla_cpu_max_isa=SSE4_2: train-loss drop 2.76-3.29, validation drop 2.97-3.59 (the two ISAs
+    # agree to 1e-5), so the 0.5 bars hold with a margin of more than 5x.
     assert run["train_loss"] < run["initial_loss"] - 0.5
     assert run["val_loss"] < val0 - 0.5
 
