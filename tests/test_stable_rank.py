@@ -52,6 +52,8 @@ def test_claim_1_holds_for_gaussian_init():
     for d_in, d_out in ((256, 256), (128, 512)):
         out = dg.init_alignment(gaussian(d_in, (d_in, d_out), 0.05), key=jax.random.key(1), num_inputs=32)
         ratio = float(out["spectral_norm"][0] / out["predicted_spectral_norm"][0])
+        # Over 5 draws of W and of the key (2026-12-01): ratio 0.984-1.001, alignment 0.49-0.68, and the
+        # alignment within 2% of its prediction (rtol 0.1 below).
         assert 0.9 < ratio < 1.02, ratio
         assert float(out["alignment"][0]) > 0.45
         np.testing.assert_allclose(out["alignment"], out["predicted_alignment"], rtol=0.1)
@@ -112,7 +114,9 @@ def test_outer_product_sum_stable_rank():
     many = np.asarray(dg.outer_product_sum(jax.random.key(1), 64, 64, 8192), np.float64)
     s = np.linalg.svd(many, compute_uv=False)
     np.testing.assert_allclose(dg.stable_rank(many), (s**2).sum() / s[0] ** 2, rtol=1e-4)
-    assert 13 < (s**2).sum() / s[0] ** 2 < 17.5  # -> d / 4 = 16 for a square Gaussian matrix
+    # -> d / 4 = 16 for a square Gaussian matrix; the top singular value fluctuates (Tracy-Widom), and over keys
+    # 1, 11, ..., 41 the stable rank measured 15.3-18.5 (2026-12-01; the old upper bar 17.5 failed on key 31).
+    assert 12 < (s**2).sum() / s[0] ** 2 < 21
 
 
 def test_errors():
