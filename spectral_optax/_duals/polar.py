@@ -224,7 +224,7 @@ def auto_coefficients(compute_dtype: Any = None) -> str:
     small's hidden kernels, docs/benchmarks.md) for bfloat16 / float16
     compute (the GPU/TPU default).
     """
-    cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else default_compute_dtype()
+    cdtype = jnp.dtype(compute_dtype if compute_dtype is not None else default_compute_dtype())
     return "quintic" if cdtype.itemsize >= 4 else "polar_express_schatten"
 
 
