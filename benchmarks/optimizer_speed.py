@@ -565,7 +565,8 @@ def run_methods(args):
     rand = {f"{sh}/cond{c:g}": _conditioned(rng, *shapes[sh], c) for sh in shapes for c in (1.0, 1e2, 1e4)}
     rand["gaussian"] = rng.normal(size=(3 * size, 3 * size))
     sets = {"gpt_gradients": real, "random": rand}
-    bases = {n: {k: np.linalg.svd(v.astype(np.float64), full_matrices=False) for k, v in m.items()} for n, m in sets.items()}
+    svd = lambda v: np.linalg.svd(v.astype(np.float64), full_matrices=False)
+    bases = {n: {k: svd(v) for k, v in m.items()} for n, m in sets.items()}
     rows = []
     for name, (coef, steps, prec) in METHODS.items():
         for dtype in DTYPES:
@@ -577,8 +578,9 @@ def run_methods(args):
                 row.update({n: _quality(sets[n], bases[n], **kw) for n in sets})
                 rows.append(row)
                 q = [row[n] for n in sets]
-                print(f"  {name:<32} {dtype:<9} {method:<8} flops x{row['flops']['hidden_kernels']['ratio_to_quintic5']:.3f}"
-                      f"/x{row['flops']['gpt2_small_model']['ratio_to_quintic5']:.3f}  "
+                fl = {t: v["ratio_to_quintic5"] for t, v in row["flops"].items()}
+                print(f"  {name:<32} {dtype:<9} {method:<8} flops x{fl['hidden_kernels']:.3f}"
+                      f"/x{fl['gpt2_small_model']:.3f}  "
                       + "  ".join(f"[{r['min']:.3f}, {r['max']:.3f}] mix {r['resid']:.3f}" for r in q), flush=True)
     # The defaults of each compute dtype ('auto' coefficients, preconditioning and method).
     defaults = {}

@@ -63,10 +63,10 @@ from spectral_optax._optimizers.moga import (
     rescaled_adamw,
 )
 from spectral_optax._optimizers.muon import MUON_ROUTES, contrib_muon, muon
-from spectral_optax._optimizers.normuon import normuon
 
 # Named optimizers.
 from spectral_optax._optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
+from spectral_optax._optimizers.normuon import normuon
 from spectral_optax._transforms.momentum import EmaMomentumState, ema_momentum
 from spectral_optax._transforms.neuron_norm import ScaleByNeuronSecondMomentState, scale_by_neuron_second_moment
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz

@@ -231,7 +231,10 @@ def auto_coefficients(compute_dtype: Any = None) -> str:
 def default_preconditioning(coefficients: Coefficients) -> str:
     """The preconditioning a coefficient spec is designed for: ``'schatten'``
     for ``'polar_express_schatten'``, ``'frobenius'`` for every other."""
-    if isinstance(coefficients, str) and coefficients.lower().replace("-", "_") in ("polar_express_schatten", "pe_schatten"):
+    if isinstance(coefficients, str) and coefficients.lower().replace("-", "_") in (
+        "polar_express_schatten",
+        "pe_schatten",
+    ):
         return "schatten"
     return "frobenius"
 
@@ -276,8 +279,8 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
         if name in ("polar_express_schatten", "pe_schatten"):
             return polar_express_coefficients(int(steps or 4), l=SCHATTEN_POLAR_EXPRESS_L), POLAR_EXPRESS_SAFETY
         if name in ("you", "dion"):
-            rows = list(YOU_COEFFICIENTS[: int(steps or 5)])
-            return tuple(rows + [rows[-1]] * (int(steps or 5) - len(rows))), 1.0
+            first = list(YOU_COEFFICIENTS[: int(steps or 5)])
+            return tuple(first + [first[-1]] * (int(steps or 5) - len(first))), 1.0
         raise ValueError(
             f"unknown coefficients {coefficients!r}; use 'auto', 'quintic', 'polar_express', "
             "'polar_express_schatten', 'you', a table "
@@ -339,7 +342,7 @@ def _precondition(x, preconditioning: str, safety: float, wide: bool, precision,
     """The iteration's start ``X_0`` and, when it was formed on the way, its Gram matrix ``A_0``.
 
     ``x`` is Frobenius-normalized (``||x||_F = 1``) in the compute dtype. With
-    ``A = x x^T`` on the Gram side (docs/math.md section 4):
+    ``A = x x^T`` on the Gram side (docs/math.md, "Orthogonalization at fewer flops"):
 
     * ``'frobenius'``: ``X_0 = x / s`` (``A_0`` not formed here);
     * ``'schatten'``: ``X_0 = x / (s ||A||_F^(1/2))``, ``A_0 = A / (s^2 ||A||_F)``
@@ -393,7 +396,7 @@ def _gram(x, table, wide: bool, precision, restarts: Sequence[int] = (), gram0=N
     segments: ``j 4 m^2 n + 2 m^3 (4 K - 3 j)`` (:func:`newton_schulz_flops`).
     ``gram0``: ``R_0`` when the preconditioning formed it.
     """
-    ident = (lambda a: a)
+    ident = lambda a: a
     gram = gram0 if gram0 is not None else _form_gram(x, wide, precision, ident)
     eye = jnp.eye(gram.shape[-1], dtype=gram.dtype)
     q = None
@@ -626,7 +629,7 @@ def newton_schulz(
       sharded_axis: ``-1`` (columns, e.g. a Flax kernel sharded on its
         fan-out axis) or ``-2`` (rows); used with ``axis_name`` only.
       preconditioning: how the start ``X_0`` is scaled so that every singular
-        value is <= 1 (docs/math.md section 4): ``None`` (default: the one
+        value is <= 1 (docs/math.md, "Orthogonalization at fewer flops"): ``None`` (default: the one
         the coefficients are designed for, :func:`default_preconditioning`),
         ``'frobenius'`` (``G / ||G||_F``), ``'schatten'`` (``G / ||G||_{S_4}``, ``||G||_{S_4} =
         ||G G^T||_F^(1/2)``, a tighter bound on the largest singular value)

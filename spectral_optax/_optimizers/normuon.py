@@ -11,7 +11,7 @@ For every Muon-routed matrix (per batch slice of its canonical view,
 
 Every other leaf is routed as by :func:`spectral_optax.muon` (AdamW for
 embeddings, vectors and undecided leaves by default). The math:
-docs/math.md, "NorMuon".
+docs/math.md, "Orthogonalization at fewer flops".
 
 References:
   Z. Li, L. Liu, C. Liang, W. Chen, T. Zhao (2025), "NorMuon: Making Muon more

@@ -11,7 +11,7 @@ update that has already been orthogonalized, with ``j`` the output neuron
 The second moment per neuron evens out the row norms the orthogonalization
 leaves unequal; the Frobenius rescale keeps the update's size that of
 ``O`` (so ``scale='rms'`` gives NorMuon's ``0.2 sqrt(m n) / ||O'||_F``
-when ``O`` is exactly orthogonal). See docs/math.md, "NorMuon".
+when ``O`` is exactly orthogonal). See docs/math.md, "Orthogonalization at fewer flops".
 
 References:
   Z. Li, L. Liu, C. Liang, W. Chen, T. Zhao (2025), "NorMuon: Making Muon more

@@ -160,7 +160,7 @@ def orthogonalize_via_newton_schulz(
         whole matrix (right for replicated, data-parallel parameters).
       ns_preconditioning: ``None`` (the coefficients' own), ``'frobenius'``,
         ``'schatten'`` or ``'aol'``: the scaling of the iteration's start, see
-        :func:`spectral_optax.newton_schulz` and docs/math.md section 4.
+        :func:`spectral_optax.newton_schulz` and docs/math.md, "Orthogonalization at fewer flops".
 
     Returns:
       A stateless ``optax.GradientTransformation``.
