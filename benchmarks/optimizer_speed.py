@@ -95,6 +95,11 @@ def gpu_optimizers():
         "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
         "spectral_optax.muon[bf16]": muon(jnp.bfloat16),
         "spectral_optax.muon[f32]": muon(jnp.float32),
+        # The defaults of each half-precision dtype ('auto' coefficients: 4 Schatten-started
+        # Polar Express steps; float16 adds the Gram-space iteration with restarts).
+        "spectral_optax.muon[auto, bf16]": so.muon(LR, scale="muon", compute_dtype=jnp.bfloat16),
+        "spectral_optax.muon[auto, fp16]": so.muon(LR, scale="muon", compute_dtype=jnp.float16),
+        "spectral_optax.normuon[bf16]": so.normuon(LR, compute_dtype=jnp.bfloat16),
         "spectral_optax.moga(p=2)": so.moga(LR, p=2.0),
     }
 
