@@ -61,7 +61,7 @@ def scale_by_neuron_second_moment(
     *,
     scale: Any = "spectral",
     geometry: GeometryLike = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """Normalize every output neuron of an orthogonalized update by its second moment (NorMuon).
 
     Per slice ``O`` of the canonical view ``(d_in, d_out)``, column ``j`` the
@@ -82,12 +82,12 @@ def scale_by_neuron_second_moment(
       geometry: geometry overrides, see :func:`spectral_optax.as_geometry_map`.
 
     Returns:
-      An ``optax.GradientTransformation`` with state
+      An ``optax.GradientTransformationExtraArgs`` with state
       :class:`ScaleByNeuronSecondMomentState`.
     """
-    if not 0 <= beta < 1:
+    if isinstance(beta, (int, float)) and not 0 <= beta < 1:  # (traced under inject_hyperparams)
         raise ValueError(f"beta must be in [0, 1), got {beta}")
-    if not eps >= 0:
+    if isinstance(eps, (int, float)) and not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     gmap = as_geometry_map(geometry)
 
@@ -98,8 +98,8 @@ def scale_by_neuron_second_moment(
         ]
         return ScaleByNeuronSecondMomentState(nu=jax.tree_util.tree_unflatten(treedef, nu))
 
-    def update_fn(updates, state, params=None):
-        del params
+    def update_fn(updates, state, params=None, **extra_args):
+        del params, extra_args
         leaves, geoms, treedef = _leaves_with_geometry(updates, gmap)
         nus = treedef.flatten_up_to(state.nu)
         out, new_nu = [], []
@@ -118,4 +118,4 @@ def scale_by_neuron_second_moment(
             ScaleByNeuronSecondMomentState(nu=jax.tree_util.tree_unflatten(treedef, new_nu)),
         )
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
