@@ -522,3 +522,16 @@ def test_half_precision_defaults_hold_the_quintic_band(dtype, method):
             keep = s >= 1e-2 * s[0]
             assert np.all((d[keep] >= 0.6) & (d[keep] <= 1.25)), (shape, d[keep].min(), d[keep].max())
             assert resid < 0.3, resid
+
+
+@pytest.mark.parametrize("preconditioning", ["schatten", "aol"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_preconditioned_zero_and_extreme_scales_stay_finite(preconditioning, dtype):
+    rng = np.random.default_rng(12)
+    g = rng.normal(size=(16, 40))
+    g[3] = 0.0  # a zero row: AOL's row sum is 0 there
+    for factor in (1e-30, 1.0, 1e30):
+        x = jnp.stack([jnp.zeros((16, 40)), jnp.asarray(g * factor)]).astype(jnp.float32)
+        y = np.asarray(newton_schulz(x, compute_dtype=dtype, preconditioning=preconditioning, method="gram"))
+        assert np.all(y[0] == 0) and np.all(np.isfinite(y))
+        assert np.all(y[1, 3] == 0)
