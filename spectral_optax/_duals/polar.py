@@ -18,6 +18,9 @@ result is ``U p_K(...p_1(S)) V^T``. Coefficient schedules:
   step (Amsel et al. 2025), generated here by a Remez (equioscillation) solve
   from pinned parameters; converges to 1 (8 steps give ``|sigma - 1| < 0.01``
   in float32 for singular values above ``l``).
+* :data:`YOU_COEFFICIENTS` (``'you'``, optax's ``'dion'``): You's 5-step set;
+* ``'polar_express_schatten'``: the Polar Express construction on
+  ``[3e-3, 1]``, 4 steps, for the Schatten-4-normalized start;
 * any user table ``[(a, b, c), ...]`` or a user function replacing the whole
   iteration.
 
@@ -25,20 +28,29 @@ Implementation notes (see :func:`newton_schulz`): the iteration is batched
 over leading axes; the Gram product is formed on the short side of each
 matrix (``X X^T`` when wide, ``X^T X`` when tall) with ``dot_general``
 dimension numbers instead of materialized transposes; for clearly
-rectangular matrices in float32 a Gram-space variant iterates on the
-``m x m`` Gram matrix and multiplies by ``X`` once at the end.
+rectangular matrices in float32 (and float16, with restarts) a Gram-space
+variant iterates on the ``m x m`` Gram matrix and multiplies by ``X`` once
+per segment. The start can be scaled by the Frobenius norm, the Schatten-4
+norm or AOL's diagonal (``preconditioning=``; docs/math.md, "Orthogonalization
+at fewer flops"), and the default coefficients depend on the compute dtype
+(:func:`auto_coefficients`): 5 quintic steps in float32, 4
+``'polar_express_schatten'`` steps from the Schatten-4 start in bfloat16 /
+float16.
 
 Precision on accelerators (see :func:`resolve_precision`,
 :func:`newton_schulz_method`): the default compute dtype is bfloat16 on
 GPU/TPU and float32 elsewhere; float32 compute runs its matmuls at
 ``Precision.HIGHEST`` unless told otherwise, so float32 results agree across
-backends, and the Gram-space variant is used only at that precision.
+backends; the Gram-space variant is used only at that precision or in
+float16 (with restarts, :func:`gram_restarts`).
 
 References:
   Jordan et al. (2024), "Muon: An optimizer for hidden layers in neural
   networks" (modded-nanogpt).
   Amsel, Persson, Musco, Gower (2025), "The Polar Express: Optimal Matrix Sign
   Methods and Their Application to the Muon Algorithm", arXiv:2505.16932.
+  Turbo-Muon (2025), arXiv:2512.04632 (AOL preconditioning); Dao-AILab's
+  gram-newton-schulz (Gram-space restarts).
   docs/math.md section 4.
 """
 
