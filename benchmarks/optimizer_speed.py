@@ -1,6 +1,19 @@
 """Optimizer step speed: optax.adamw, optax.contrib.muon and spectral_optax.muon (and moga).
 
-    python -m benchmarks.optimizer_speed [--quick] [--json PATH] [--reps N] [--preset cpu|gpu]
+    python -m benchmarks.optimizer_speed [--quick] [--json PATH] [--reps N] [--preset cpu|gpu|methods]
+
+``--preset methods``: the orthogonalization methods side by side (coefficient
+sets, preconditionings, standard / Gram-space with restarts): for each, the
+counted matmul flops on GPT-2 small's trees (the hidden kernels of
+:func:`benchmarks._common.hidden_kernel_tree`, and the package GPT's own
+matrices: split q/k/v/out, MLP and the 768 x 50257 head) relative to 5
+standard quintic steps, the singular values of the result on the input's
+singular directions (those above 1e-2 of the largest) against a float64 SVD,
+on real gradients (a few steps of the package's GPT at d=768) and on
+conditioned random matrices, in bfloat16, float16 and float32, and the CPU
+time of one orthogonalization of two GPT-2-small blocks (interleaved); then
+``muon`` against ``optax.contrib.muon`` at GPT-2-small shapes (2 blocks),
+interleaved in one process, and the issue's targets with a ``met`` flag.
 
 ``--preset gpu`` (for one accelerator; with ``--quick`` at a reduced size,
 e.g. to check it on a CPU): the GPT-style trees d=768 x 12 blocks (GPT-2
@@ -82,6 +95,11 @@ def gpu_optimizers():
         "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
         "spectral_optax.muon[bf16]": muon(jnp.bfloat16),
         "spectral_optax.muon[f32]": muon(jnp.float32),
+        # The defaults of each half-precision dtype ('auto' coefficients: 4 Schatten-started
+        # Polar Express steps; float16 adds the Gram-space iteration with restarts).
+        "spectral_optax.muon[auto, bf16]": so.muon(LR, scale="muon", compute_dtype=jnp.bfloat16),
+        "spectral_optax.muon[auto, fp16]": so.muon(LR, scale="muon", compute_dtype=jnp.float16),
+        "spectral_optax.normuon[bf16]": so.normuon(LR, compute_dtype=jnp.bfloat16),
         "spectral_optax.moga(p=2)": so.moga(LR, p=2.0),
     }
 
@@ -446,6 +464,195 @@ def main_gpu(args):
     return payload
 
 
+# --------------------------------------------------------------------------
+# --preset methods: orthogonalization methods side by side.
+# --------------------------------------------------------------------------
+#: name -> newton_schulz options (coefficients, steps, preconditioning).
+METHODS = {
+    "quintic 5": ("quintic", 5, "frobenius"),
+    "quintic 4 + schatten": ("quintic", 4, "schatten"),
+    "quintic 4 + aol": ("quintic", 4, "aol"),
+    "you 5": ("you", 5, "frobenius"),
+    "you 4 + schatten": ("you", 4, "schatten"),
+    "polar_express 5": ("polar_express", 5, "frobenius"),
+    "polar_express 8": ("polar_express", 8, "frobenius"),
+    "polar_express_schatten 4": ("polar_express_schatten", 4, "schatten"),
+    "polar_express_schatten 4 + aol": ("polar_express_schatten", 4, "aol"),
+    "polar_express_schatten 3": ("polar_express_schatten", 3, "schatten"),
+}
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def gpt_gradients(d=768, blocks=2, batch=8, seq=64, steps=4, seed=0):
+    """Real gradients: the package's GPT (``nn.linen.Transformer``, width ``d``,
+    byte-level pydoc text) after ``steps`` steps of ``muon``; returns
+    ``{path: (d_in, d_out) float32 matrix}`` for every matrix leaf (canonical view)."""
+    from spectral_optax import lab
+    from spectral_optax.nn.linen import Transformer
+
+    data = lab.text(context=seq, sequence=True)
+    model = Transformer(vocab_size=256, features=d, num_blocks=blocks, num_heads=d // 64, max_len=seq, scan=False)
+    rng = np.random.default_rng(seed)
+    batch_of = lambda: data.numpy_batch("train", rng.integers(0, data.num_train, batch))
+    x, _ = batch_of()
+    params = model.init(jax.random.key(seed), x)["params"]
+
+    def loss(p, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": p}, x), y).mean()
+
+    tx = so.muon(0.02)
+    state = tx.init(params)
+
+    @jax.jit
+    def step(p, s, x, y):
+        u, s = tx.update(jax.grad(loss)(p, x, y), s, p)
+        return optax.apply_updates(p, u), s
+
+    for _ in range(steps):
+        params, state = step(params, state, *batch_of())
+    grads = jax.jit(jax.grad(loss))(params, *batch_of())
+    flat = jax.tree_util.tree_flatten_with_path(grads)[0]
+    geoms = jax.tree.leaves(so.as_geometry_map(None).tree(grads), is_leaf=lambda g: isinstance(g, so.Geometry))
+    return {
+        jax.tree_util.keystr(k): np.asarray(so.to_matrix(v, g))[0]
+        for (k, v), g in zip(flat, geoms)
+        if g.kind == "matrix" and g.num_slices == 1
+    }
+
+
+def _shapes_gpt2_small():
+    """(m, n, count) of GPT-2 small's orthogonalized matrices: the benchmark's hidden-kernel tree
+    (fused qkv) and the package GPT (split q/k/v, out, MLP, the 768 x 50257 head)."""
+    d, blocks = 768, 12
+    hidden = [(d, 3 * d, blocks), (d, d, blocks), (d, 4 * d, blocks), (4 * d, d, blocks)]
+    model = [(d, d, 4 * blocks), (d, 4 * d, blocks), (4 * d, d, blocks), (d, 50257, 1)]
+    return {"hidden_kernels": hidden, "gpt2_small_model": model}
+
+
+def method_flops(coef, steps, dtype, method="auto"):
+    """Counted matmul flops of one orthogonalization per tree, and the ratio to 5 standard quintic steps."""
+    out = {}
+    for tree, shapes in _shapes_gpt2_small().items():
+        total = base = 0
+        for m, n, count in shapes:
+            chosen = _ns.newton_schulz_method(m, n, steps, jnp.dtype(dtype), method)
+            restarts = _ns.gram_restarts(steps, jnp.dtype(dtype)) if chosen == "gram" else ()
+            total += count * _ns.newton_schulz_flops(m, n, steps, chosen, restarts=restarts)
+            base += count * _ns.newton_schulz_flops(m, n, 5, "standard")
+        out[tree] = {"flops": total, "ratio_to_quintic5": total / base}
+    return out
+
+
+def _quality(mats, bases, **kw):
+    lo, hi, resid = np.inf, -np.inf, 0.0
+    for k, g in mats.items():
+        u, s, vt = bases[k]
+        y = np.asarray(so.newton_schulz(jnp.asarray(g, jnp.float32), **kw), np.float64)
+        if not np.all(np.isfinite(y)):
+            return {"min": float("nan"), "max": float("nan"), "resid": float("nan")}
+        keep = int(np.sum(s >= 1e-2 * s[0]))
+        proj = u[:, :keep].T @ y @ vt[:keep].T
+        d = np.diag(proj)
+        lo, hi = min(lo, d.min()), max(hi, d.max())
+        resid = max(resid, float(np.linalg.norm(proj - np.diag(d), ord=2)))
+    return {"min": float(lo), "max": float(hi), "resid": resid}
+
+
+def run_methods(args):
+    """``--preset methods``."""
+    quick = args.quick
+    env = environment()
+    print("gradients of the package GPT (d=768, 1 block, 4 muon steps) ...", flush=True)
+    real = gpt_gradients(d=256 if quick else 768, blocks=1, steps=2 if quick else 4)
+    rng = np.random.default_rng(0)
+    size = 64 if quick else 256
+    shapes = {"square": (size, size), "wide": (size // 2, 2 * size), "tall": (2 * size, size // 2)}
+    rand = {f"{sh}/cond{c:g}": _conditioned(rng, *shapes[sh], c) for sh in shapes for c in (1.0, 1e2, 1e4)}
+    rand["gaussian"] = rng.normal(size=(3 * size, 3 * size))
+    sets = {"gpt_gradients": real, "random": rand}
+    svd = lambda v: np.linalg.svd(v.astype(np.float64), full_matrices=False)
+    bases = {n: {k: svd(v) for k, v in m.items()} for n, m in sets.items()}
+    rows = []
+    for name, (coef, steps, prec) in METHODS.items():
+        for dtype in DTYPES:
+            for method in ("standard", "gram"):
+                kw = dict(coefficients=coef, steps=steps, preconditioning=prec, compute_dtype=dtype, method=method)
+                row = {"method": name, "dtype": dtype, "iteration": method,
+                       "restarts": list(_ns.gram_restarts(steps, jnp.dtype(dtype))) if method == "gram" else [],
+                       "flops": method_flops(coef, steps, dtype, "standard" if method == "standard" else "auto")}
+                row.update({n: _quality(sets[n], bases[n], **kw) for n in sets})
+                rows.append(row)
+                q = [row[n] for n in sets]
+                fl = {t: v["ratio_to_quintic5"] for t, v in row["flops"].items()}
+                print(f"  {name:<32} {dtype:<9} {method:<8} flops x{fl['hidden_kernels']:.3f}"
+                      f"/x{fl['gpt2_small_model']:.3f}  "
+                      + "  ".join(f"[{r['min']:.3f}, {r['max']:.3f}] mix {r['resid']:.3f}" for r in q), flush=True)
+    # The defaults of each compute dtype ('auto' coefficients, preconditioning and method).
+    defaults = {}
+    for dtype in DTYPES:
+        coef = _ns.auto_coefficients(jnp.dtype(dtype))
+        steps = len(_ns.resolve_coefficients(coef)[0])
+        defaults[dtype] = {"coefficients": coef, "steps": steps, "flops": method_flops(coef, steps, dtype),
+                           **{n: _quality(sets[n], bases[n], compute_dtype=dtype) for n in sets}}
+        print(f"  default[{dtype}]: {coef} {steps} steps, flops x"
+              f"{defaults[dtype]['flops']['hidden_kernels']['ratio_to_quintic5']:.3f} (hidden kernels), x"
+              f"{defaults[dtype]['flops']['gpt2_small_model']['ratio_to_quintic5']:.3f} (model)", flush=True)
+    timing = time_methods(args, quick)
+    payload = {
+        "command": "python -m benchmarks.optimizer_speed --preset methods" + (" --quick" if quick else ""),
+        "environment": env, "methods": rows, "defaults": defaults, "timing": timing,
+        "gradient_shapes": {k: list(v.shape) for k, v in real.items()},
+    }
+    payload["targets"] = method_targets(payload)
+    print("\ntargets:", payload["targets"])
+    write_json(args.json, payload)
+    return payload
+
+
+def time_methods(args, quick):
+    """CPU time of one orthogonalization (2 GPT-2-small blocks of hidden kernels) per method and of
+    one update step of muon against optax.contrib.muon, interleaved in one process."""
+    d, blocks = (256, 2) if quick else (768, 2)
+    reps = args.reps or (3 if quick else 5)
+    params, grads = hidden_kernel_tree(d, blocks, 0), hidden_kernel_tree(d, blocks, 1)
+    extra = {}
+    for name in ("quintic 5", "polar_express_schatten 4", "quintic 4 + schatten", "polar_express_schatten 3"):
+        coef, steps, prec = METHODS[name]
+        tx = orthogonalizer(scale="muon", ns_coefficients=coef, ns_steps=steps, ns_preconditioning=prec,
+                            compute_dtype=jnp.float32)
+        fn = jax.jit(lambda g, tx=tx: tx.update(g, tx.init(g))[0])
+        extra[f"ortho[{name}]"] = lambda fn=fn: fn(grads)
+    opts = {
+        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
+        "spectral_optax.muon": so.muon(LR, scale="muon"),
+        "spectral_optax.muon[polar_express_schatten 4]": so.muon(
+            LR, scale="muon", ns_coefficients="polar_express_schatten"),
+        "spectral_optax.muon[polar_express_schatten 3]": so.muon(
+            LR, scale="muon", ns_coefficients="polar_express_schatten", ns_steps=3),
+        "spectral_optax.normuon": so.normuon(LR),
+    }
+    med, times, _ = time_update_steps(opts, params, grads, reps, extra)
+    contrib = med["optax.contrib.muon"]
+    return {"d": d, "blocks": blocks, "reps": reps, "median_s": med, "all_s": times,
+            "ratio_to_contrib_muon": {n: v / contrib for n, v in med.items()}}
+
+
+def method_targets(payload):
+    """Issue 22's CPU-checkable targets with their figures and ``met`` flags."""
+    bf16 = payload["defaults"]["bfloat16"]
+    ratio = payload["timing"]["ratio_to_contrib_muon"]
+    out = {}
+    for tree in ("hidden_kernels", "gpt2_small_model"):
+        r = bf16["flops"][tree]["ratio_to_quintic5"]
+        q = bf16["gpt_gradients"]
+        band = 0.6 <= q["min"] and q["max"] <= 1.25
+        out[f"bf16_default_flops_{tree}"] = {"ratio": r, "target": 0.6, "met": r <= 0.6}
+        out[f"bf16_default_quality_{tree}"] = {"range": [q["min"], q["max"]], "met": band}
+    out["cpu_muon_over_contrib"] = {"ratio": ratio["spectral_optax.muon"], "target": 0.25,
+                                    "met": ratio["spectral_optax.muon"] <= 0.25}
+    return out
+
+
 def main(argv=None):
     p = parser(__doc__.splitlines()[0])
     p.add_argument(
@@ -454,12 +661,15 @@ def main(argv=None):
     p.add_argument(
         "--preset",
         default="cpu",
-        choices=("cpu", "gpu"),
-        help="cpu (default): the 2-core presets; gpu: GPT-style trees sized for one accelerator",
+        choices=("cpu", "gpu", "methods"),
+        help="cpu (default): the 2-core presets; gpu: GPT-style trees sized for one accelerator; "
+        "methods: orthogonalization methods side by side (issue 22)",
     )
     args = p.parse_args(argv)
     if args.preset == "gpu":
         return main_gpu(args)
+    if args.preset == "methods":
+        return run_methods(args)
     reps = args.reps or (3 if args.quick else 7)
     if args.quick:
         trees = [("small (quick)", 256, 4), ("tiny (quick)", 128, 4)]

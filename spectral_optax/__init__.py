@@ -30,6 +30,7 @@ from spectral_optax._depth import (
 from spectral_optax._describe import describe
 from spectral_optax._duals.polar import (
     MUON_QUINTIC,
+    YOU_COEFFICIENTS,
     newton_schulz,
     optimal_quintic,
     polar_express_coefficients,
@@ -65,7 +66,9 @@ from spectral_optax._optimizers.muon import MUON_ROUTES, contrib_muon, muon
 
 # Named optimizers.
 from spectral_optax._optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
+from spectral_optax._optimizers.normuon import normuon
 from spectral_optax._transforms.momentum import EmaMomentumState, ema_momentum
+from spectral_optax._transforms.neuron_norm import ScaleByNeuronSecondMomentState, scale_by_neuron_second_moment
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
 from spectral_optax._transforms.parametrization import (
     lr_multiplier,
@@ -135,6 +138,7 @@ __all__ = [
     "lp_dual_direction",
     "row_normalize",
     "MUON_QUINTIC",
+    "YOU_COEFFICIENTS",
     "newton_schulz",
     "optimal_quintic",
     "polar_express_coefficients",
@@ -146,6 +150,8 @@ __all__ = [
     "scale_by_row_norm",
     "scale_by_sign",
     "orthogonalize_via_newton_schulz",
+    "ScaleByNeuronSecondMomentState",
+    "scale_by_neuron_second_moment",
     "scale_by_spectral_trust_ratio",
     "EmaMomentumState",
     "ema_momentum",
@@ -158,6 +164,7 @@ __all__ = [
     "MUON_ROUTES",
     "muon",
     "contrib_muon",
+    "normuon",
     "MOGA_RULES",
     "moga",
     "moga_labels",

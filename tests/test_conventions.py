@@ -57,6 +57,7 @@ def grads_like(tree, seed):
 OPTIMIZERS = {
     "muon": (so.muon, {"learning_rate": 0.02}),
     "contrib_muon": (so.contrib_muon, {"learning_rate": 0.02}),
+    "normuon": (so.normuon, {"learning_rate": 0.02, "weight_decay": 0.01}),
     "moga": (so.moga, {"learning_rate": 0.01, "rules": {r"Dense_1/kernel$": "adam"}}),
     "spectral_sgd": (so.spectral_sgd, {"learning_rate": 0.05}),
     "spectral_sgd_power": (so.spectral_sgd, {"learning_rate": 0.05, "method": "power"}),
@@ -70,6 +71,7 @@ TRANSFORMS = {
     "scale_by_col_norm": lambda: so.scale_by_col_norm(3.0),
     "scale_by_sign": so.scale_by_sign,
     "orthogonalize_via_newton_schulz": so.orthogonalize_via_newton_schulz,
+    "scale_by_neuron_second_moment": so.scale_by_neuron_second_moment,
     "scale_by_spectral_norm": lambda: so.scale_by_spectral_norm(method="power"),
     "scale_by_fan_out_rms": so.scale_by_fan_out_rms,
     "scale_by_parametrization1": lambda: so.scale_by_parametrization1("adam"),
@@ -138,6 +140,7 @@ def test_tree_map_params_maps_every_param_shaped_leaf(name):
 INJECTED = {
     "muon": {"learning_rate": 0.05, "momentum": 0.5, "weight_decay": 0.3, "adam_b1": 0.5, "adam_b2": 0.9,
              "adam_eps": 0.5, "adam_weight_decay": 0.3},
+    "normuon": {"learning_rate": 0.05, "momentum": 0.5, "beta2": 0.5, "weight_decay": 0.3, "adam_b2": 0.9},
     "moga": {"learning_rate": 0.03, "base_factor": 5.0, "momentum": 0.5, "weight_decay": 0.3, "adam_b2": 0.9,
              "adam_eps": 0.5, "p": 3.0},
     "spectral_sgd": {"learning_rate": 0.1, "momentum": 0.3, "weight_decay": 0.3},
@@ -187,6 +190,7 @@ def test_every_injected_hyperparameter_changes_the_update_as_built(name, tree):
 LR_NAMES = {
     "muon": ("learning_rate", "adam_learning_rate"),
     "contrib_muon": ("learning_rate", "adam_learning_rate"),
+    "normuon": ("learning_rate", "adam_learning_rate"),
     "moga": ("learning_rate",),
     "spectral_sgd": ("learning_rate",),
     "mup_sgd": ("learning_rate",),

@@ -18,6 +18,9 @@ result is ``U p_K(...p_1(S)) V^T``. Coefficient schedules:
   step (Amsel et al. 2025), generated here by a Remez (equioscillation) solve
   from pinned parameters; converges to 1 (8 steps give ``|sigma - 1| < 0.01``
   in float32 for singular values above ``l``).
+* :data:`YOU_COEFFICIENTS` (``'you'``, optax's ``'dion'``): You's 5-step set;
+* ``'polar_express_schatten'``: the Polar Express construction on
+  ``[3e-3, 1]``, 4 steps, for the Schatten-4-normalized start;
 * any user table ``[(a, b, c), ...]`` or a user function replacing the whole
   iteration.
 
@@ -25,20 +28,29 @@ Implementation notes (see :func:`newton_schulz`): the iteration is batched
 over leading axes; the Gram product is formed on the short side of each
 matrix (``X X^T`` when wide, ``X^T X`` when tall) with ``dot_general``
 dimension numbers instead of materialized transposes; for clearly
-rectangular matrices in float32 a Gram-space variant iterates on the
-``m x m`` Gram matrix and multiplies by ``X`` once at the end.
+rectangular matrices in float32 (and float16, with restarts) a Gram-space
+variant iterates on the ``m x m`` Gram matrix and multiplies by ``X`` once
+per segment. The start can be scaled by the Frobenius norm, the Schatten-4
+norm or AOL's diagonal (``preconditioning=``; docs/math.md, "Orthogonalization
+at fewer flops"), and the default coefficients depend on the compute dtype
+(:func:`auto_coefficients`): 5 quintic steps in float32, 4
+``'polar_express_schatten'`` steps from the Schatten-4 start in bfloat16 /
+float16.
 
 Precision on accelerators (see :func:`resolve_precision`,
 :func:`newton_schulz_method`): the default compute dtype is bfloat16 on
 GPU/TPU and float32 elsewhere; float32 compute runs its matmuls at
 ``Precision.HIGHEST`` unless told otherwise, so float32 results agree across
-backends, and the Gram-space variant is used only at that precision.
+backends; the Gram-space variant is used only at that precision or in
+float16 (with restarts, :func:`gram_restarts`).
 
 References:
   Jordan et al. (2024), "Muon: An optimizer for hidden layers in neural
   networks" (modded-nanogpt).
   Amsel, Persson, Musco, Gower (2025), "The Polar Express: Optimal Matrix Sign
   Methods and Their Application to the Muon Algorithm", arXiv:2505.16932.
+  Turbo-Muon (2025), arXiv:2512.04632 (AOL preconditioning); Dao-AILab's
+  gram-newton-schulz (Gram-space restarts).
   docs/math.md section 4.
 """
 
@@ -54,10 +66,17 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "HALF_PRECISION_RESTART_EVERY",
     "MUON_QUINTIC",
     "POLAR_EXPRESS_CUSHION",
     "POLAR_EXPRESS_L",
     "POLAR_EXPRESS_SAFETY",
+    "PRECONDITIONINGS",
+    "SCHATTEN_POLAR_EXPRESS_L",
+    "YOU_COEFFICIENTS",
+    "auto_coefficients",
+    "default_preconditioning",
+    "gram_restarts",
     "newton_schulz",
     "newton_schulz_flops",
     "newton_schulz_method",
@@ -68,8 +87,21 @@ __all__ = [
     "user_function_dtype",
 ]
 
+Triple = tuple[float, float, float]
+
 #: The original Muon quintic (Jordan 2024), used for 5 steps.
 MUON_QUINTIC: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+
+#: You's 5-step schedule (Jiacheng You, 2025; Dion's and optax's ``'dion'``):
+#: a different quintic per step, tuned for fast growth of small singular
+#: values, ending in ``[0.68, 1.13]`` like the quintic.
+YOU_COEFFICIENTS: tuple[Triple, ...] = (
+    (4.0848, -6.8946, 2.9270),
+    (3.9505, -6.3029, 2.6377),
+    (3.7418, -5.5913, 2.3037),
+    (2.8769, -3.1427, 1.2046),
+    (2.8366, -3.0525, 1.2012),
+)
 
 #: Pinned Polar Express parameters of the published 8-step table
 #: (lower end of the singular-value interval, cushion, safety factor).
@@ -77,7 +109,19 @@ POLAR_EXPRESS_L: float = 1e-3
 POLAR_EXPRESS_CUSHION: float = 0.02407327424182761
 POLAR_EXPRESS_SAFETY: float = 1.01
 
-Triple = tuple[float, float, float]
+#: Lower end of the interval of :data:`'polar_express_schatten'`: 1e-2 of the
+#: largest singular value times the smallest ``sigma_max(X_0)`` the Schatten-4
+#: normalization gives a ``768 x 768`` Gaussian matrix (about 0.3).
+SCHATTEN_POLAR_EXPRESS_L: float = 3e-3
+
+#: Preconditionings of the iteration's start (see :func:`newton_schulz`).
+PRECONDITIONINGS = ("frobenius", "schatten", "aol")
+
+#: The Gram-space iteration with 10 mantissa bits (float16, TensorFloat-32)
+#: restarts from ``X`` every this many steps (:func:`gram_restarts`; chosen
+#: by measurement).
+HALF_PRECISION_RESTART_EVERY: int = 2
+
 Coefficients = str | Triple | Sequence[Triple] | np.ndarray | Callable[[jax.Array], jax.Array]
 
 
@@ -182,17 +226,52 @@ def polar_express_coefficients(
     return tuple(table)
 
 
-def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | None = None):
+def auto_coefficients(compute_dtype: Any = None) -> str:
+    """What ``coefficients='auto'`` means for a compute dtype.
+
+    ``'quintic'`` (5 steps from the Frobenius-normalized start, as before)
+    for >= 32-bit compute (the CPU default); ``'polar_express_schatten'``
+    (4 steps from the Schatten-4-normalized start, with Gram-space restarts
+    on rectangular matrices: 0.61x the flops of 5 quintic steps on GPT-2
+    small's hidden kernels, docs/benchmarks.md) for bfloat16 / float16
+    compute (the GPU/TPU default).
+    """
+    cdtype = jnp.dtype(compute_dtype if compute_dtype is not None else default_compute_dtype())
+    return "quintic" if cdtype.itemsize >= 4 else "polar_express_schatten"
+
+
+def default_preconditioning(coefficients: Coefficients) -> str:
+    """The preconditioning a coefficient spec is designed for: ``'schatten'``
+    for ``'polar_express_schatten'``, ``'frobenius'`` for every other."""
+    if isinstance(coefficients, str) and coefficients.lower().replace("-", "_") in (
+        "polar_express_schatten",
+        "pe_schatten",
+    ):
+        return "schatten"
+    return "frobenius"
+
+
+def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | None = None, compute_dtype: Any = None):
     """Turn a coefficient spec into ``(table, norm_safety)`` or a callable.
 
     Args:
-      coefficients: ``'quintic'`` (:data:`MUON_QUINTIC`, default 5 steps),
+      coefficients: ``'auto'`` (:func:`auto_coefficients` of
+        ``compute_dtype``), ``'quintic'`` (:data:`MUON_QUINTIC`, default 5 steps),
         ``'polar_express'`` (:func:`polar_express_coefficients` with ``steps``
-        polynomials, default 8), one ``(a, b, c)`` triple (repeated ``steps``
-        times, default 5), a table ``[(a, b, c), ...]`` (``steps`` defaults to
-        its length; more steps repeat the last row), or a callable, returned
-        unchanged.
+        polynomials, default 8), ``'polar_express_schatten'`` (the same
+        construction on ``[SCHATTEN_POLAR_EXPRESS_L, 1]``, default 4 steps,
+        for the Schatten-4-normalized start), ``'you'`` (alias ``'dion'``:
+        :data:`YOU_COEFFICIENTS`, default 5 steps), one ``(a, b, c)`` triple
+        (repeated ``steps`` times, default 5), a table ``[(a, b, c), ...]``
+        (``steps`` defaults to its length; more steps repeat the last row), or
+        a callable, returned unchanged. A named table with ``steps`` below its
+        length uses its first ``steps`` rows, the convention of the published
+        Polar Express code (``coeffs_list[:steps]``; Amsel et al. 2025): the
+        ``N``-step Polar Express table is the first ``N`` rows of the 8-step
+        one, except that the safety factor is not applied to its last row.
       steps: number of iterations.
+      compute_dtype: the iteration's dtype, for ``'auto'`` (``None``: the
+        backend's default, :func:`default_compute_dtype`).
 
     Returns:
       ``(tuple of (a, b, c), normalization safety factor)``, or the callable.
@@ -203,12 +282,20 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
         raise ValueError(f"steps must be >= 1, got {steps}")
     if isinstance(coefficients, str):
         name = coefficients.lower().replace("-", "_").replace(" ", "_")
+        if name == "auto":
+            return resolve_coefficients(auto_coefficients(compute_dtype), steps)
         if name in ("quintic", "muon", "standard"):
             return (MUON_QUINTIC,) * int(steps or 5), 1.0
         if name in ("polar_express", "polarexpress", "pe"):
             return polar_express_coefficients(int(steps or 8)), POLAR_EXPRESS_SAFETY
+        if name in ("polar_express_schatten", "pe_schatten"):
+            return polar_express_coefficients(int(steps or 4), l=SCHATTEN_POLAR_EXPRESS_L), POLAR_EXPRESS_SAFETY
+        if name in ("you", "dion"):
+            first = list(YOU_COEFFICIENTS[: int(steps or 5)])
+            return tuple(first + [first[-1]] * (int(steps or 5) - len(first))), 1.0
         raise ValueError(
-            f"unknown coefficients {coefficients!r}; use 'quintic', 'polar_express', a table "
+            f"unknown coefficients {coefficients!r}; use 'auto', 'quintic', 'polar_express', "
+            "'polar_express_schatten', 'you', a table "
             "[(a, b, c), ...] or a function"
         )
     try:
@@ -253,50 +340,90 @@ def _dot(x, y, contract_x, contract_y, precision):
     )
 
 
-def _standard(x, table, wide: bool, precision, axis_name=None):
+def _form_gram(x, wide: bool, precision, psum):
+    """``A = X X^T`` (wide: rows side) or ``X^T X`` (tall: columns side), ``psum``-ed."""
+    return psum(_dot(x, x, 2, 2, precision) if wide else _dot(x, x, 1, 1, precision))
+
+
+def _apply(q, x, wide: bool, precision):
+    """``Q X`` (wide) or ``X Q`` (tall): a polynomial in the Gram matrix applied to ``X``."""
+    return _dot(q, x, 2, 1, precision) if wide else _dot(x, q, 2, 1, precision)
+
+
+def _precondition(x, preconditioning: str, safety: float, wide: bool, precision, psum):
+    """The iteration's start ``X_0`` and, when it was formed on the way, its Gram matrix ``A_0``.
+
+    ``x`` is Frobenius-normalized (``||x||_F = 1``) in the compute dtype. With
+    ``A = x x^T`` on the Gram side (docs/math.md, "Orthogonalization at fewer flops"):
+
+    * ``'frobenius'``: ``X_0 = x / s`` (``A_0`` not formed here);
+    * ``'schatten'``: ``X_0 = x / (s ||A||_F^(1/2))``, ``A_0 = A / (s^2 ||A||_F)``
+      (``||A||_F^(1/2)`` is the Schatten-4 norm of ``x``, between its largest
+      singular value and its Frobenius norm);
+    * ``'aol'``: ``X_0 = D x / s``, ``A_0 = D A D / s^2`` with
+      ``D = diag(sum_j |A_ij|)^(-1/2)``, which gives ``||X_0||_2 <= 1 / s``.
+
+    The scale factors are computed in float32 from the compute-dtype ``A``;
+    ``A_0`` serves as the first step's Gram matrix, so neither adds a matmul.
+    """
+    if preconditioning == "frobenius":
+        return (x / safety).astype(x.dtype) if safety != 1 else x, None
+    gram = _form_gram(x, wide, precision, psum)
+    g32 = gram.astype(jnp.promote_types(gram.dtype, jnp.float32))
+    if preconditioning == "schatten":
+        t = jnp.sqrt(jnp.sum(jnp.square(g32), axis=(1, 2), keepdims=True))
+        inv = jnp.where(t > 0, 1 / jnp.where(t > 0, t, 1), 0) / safety**2
+        x0 = x.astype(g32.dtype) * jnp.sqrt(inv)
+        return x0.astype(x.dtype), (g32 * inv).astype(gram.dtype)
+    rows = jnp.sum(jnp.abs(g32), axis=2)  # (B, k): row sums of |A|
+    d = jnp.where(rows > 0, jax.lax.rsqrt(jnp.where(rows > 0, rows, 1)), 0) / safety
+    x0 = x.astype(g32.dtype) * (d[:, :, None] if wide else d[:, None, :])
+    return x0.astype(x.dtype), (g32 * d[:, :, None] * d[:, None, :]).astype(gram.dtype)
+
+
+def _standard(x, table, wide: bool, precision, axis_name=None, gram0=None):
     """``X <- a X + (b A + c A^2) X`` with ``A`` on the short side (with
-    ``axis_name``: on the side that contracts the split axis, ``psum``-ed)."""
+    ``axis_name``: on the side that contracts the split axis, ``psum``-ed);
+    ``gram0``: the first step's ``A`` when the preconditioning formed it."""
     psum = (lambda a: a) if axis_name is None else (lambda a: jax.lax.psum(a, axis_name))
-    for a, b, c in table:
-        if wide:  # (B, m, n), m <= n: A = X X^T (m x m), update B X.
-            gram = psum(_dot(x, x, 2, 2, precision))
-            poly = b * gram + c * _dot(gram, gram, 2, 1, precision)
-            x = a * x + _dot(poly, x, 2, 1, precision)
-        else:  # tall: A = X^T X (n x n), update X B.
-            gram = psum(_dot(x, x, 1, 1, precision))
-            poly = b * gram + c * _dot(gram, gram, 2, 1, precision)
-            x = a * x + _dot(x, poly, 2, 1, precision)
+    for i, (a, b, c) in enumerate(table):
+        gram = gram0 if i == 0 and gram0 is not None else _form_gram(x, wide, precision, psum)
+        poly = b * gram + c * _dot(gram, gram, 2, 1, precision)
+        x = a * x + _apply(poly, x, wide, precision)
     return x
 
 
-def _gram(x, table, wide: bool, precision):
-    """Gram-space iteration: iterate on the small Gram matrix, apply to X once.
+def _gram(x, table, wide: bool, precision, restarts: Sequence[int] = (), gram0=None):
+    """Gram-space iteration: iterate on the small Gram matrix, apply to X at the end of each segment.
 
     With ``R_0 = X X^T`` (short side) every ``R_k`` and every step polynomial
     ``P_k = a I + b R_k + c R_k^2`` are polynomials in ``R_0``, so they commute::
 
         X_K = Q X_0,   Q = P_{K-1} ... P_0,   R_{k+1} = P_k R_k P_k.
 
-    Flops for an ``m x n`` matrix (``m <= n``), ``K`` steps: ``4 m^2 n`` for the
-    two products with ``X`` plus ``2 m^3 (4 K - 3)`` for the Gram-space
-    products, against ``K (4 m^2 n + 2 m^3)`` for the standard iteration.
+    ``restarts``: step indices ``i`` at which the segment ends: ``X_i = Q X``
+    is formed and ``R_i = X_i X_i^T`` recomputed from it, which discards the
+    round-off (lost symmetry, spurious eigenvalues) accumulated in ``R`` and
+    ``Q``. Flops for an ``m x n`` matrix (``m <= n``), ``K`` steps in ``j``
+    segments: ``j 4 m^2 n + 2 m^3 (4 K - 3 j)`` (:func:`newton_schulz_flops`).
+    ``gram0``: ``R_0`` when the preconditioning formed it.
     """
-    if wide:
-        gram = _dot(x, x, 2, 2, precision)
-    else:
-        gram = _dot(x, x, 1, 1, precision)
-    k = gram.shape[-1]
-    eye = jnp.eye(k, dtype=gram.dtype)
+    ident = lambda a: a
+    gram = gram0 if gram0 is not None else _form_gram(x, wide, precision, ident)
+    eye = jnp.eye(gram.shape[-1], dtype=gram.dtype)
     q = None
     last = len(table) - 1
     for i, (a, b, c) in enumerate(table):
+        if i in restarts and q is not None:
+            x = _apply(q, x, wide, precision)
+            gram, q = _form_gram(x, wide, precision, ident), None
         poly = a * eye + b * gram + c * _dot(gram, gram, 2, 1, precision)
         q = poly if q is None else _dot(poly, q, 2, 1, precision)
-        if i < last:
+        if i < last and i + 1 not in restarts:
             gram = _dot(_dot(gram, poly, 2, 1, precision), poly, 2, 1, precision)
             # Restore exact symmetry lost to round-off (cheap, elementwise).
             gram = 0.5 * (gram + jnp.swapaxes(gram, 1, 2))
-    return _dot(q, x, 2, 1, precision) if wide else _dot(x, q, 2, 1, precision)
+    return _apply(q, x, wide, precision)
 
 
 def _platform() -> str:
@@ -332,30 +459,82 @@ def _is_full_precision(precision) -> bool:
         return False
 
 
+def _mantissa_bits(dtype, precision: Any = None) -> int:
+    """Mantissa bits of the iteration's products: 23 for float32 at ``HIGHEST``,
+    10 for float16 and for float32 at any lower precision (TensorFloat-32 on a
+    GPU; a TPU's single bfloat16 pass has 7, so this is optimistic there), 7
+    for bfloat16."""
+    dtype = jnp.dtype(dtype)
+    if dtype.itemsize >= 4:
+        return 52 if dtype.itemsize >= 8 else (23 if _is_full_precision(resolve_precision(precision, dtype)) else 10)
+    return int(jnp.finfo(dtype).nmant)
+
+
+def gram_restarts(steps: int, dtype=jnp.float32, precision: Any = None, restarts: Any = None) -> tuple[int, ...]:
+    """The restart schedule of the Gram-space iteration (step indices where ``X`` is re-formed).
+
+    ``restarts`` given (a sequence of step indices in ``1 .. steps - 1``):
+    returned sorted. ``None``: the schedule measured to hold the quality
+    bands (docs/benchmarks.md, "Orthogonalization methods"):
+
+    * float32 at ``Precision.HIGHEST`` (23 mantissa bits): no restart;
+    * float16 and float32 at a lower precision (10 bits): every
+      :data:`HALF_PRECISION_RESTART_EVERY` = 2 steps (as in Dao-AILab's
+      gram-newton-schulz, which runs in float16);
+    * bfloat16 (7 bits): every step but the last two (``1 .. steps - 2``):
+      the Gram matrix in bfloat16 cannot hold the small eigenvalues
+      ``sigma^2`` of the first steps, and with fewer restarts the measured
+      singular values left the bands or overflowed.
+    """
+    if restarts is not None:
+        out = tuple(sorted({int(i) for i in restarts}))
+        if any(not 0 < i < steps for i in out):
+            raise ValueError(f"restarts must be step indices in 1 .. {steps - 1} (steps={steps}), got {restarts}")
+        return out
+    bits = _mantissa_bits(dtype, precision)
+    if bits >= 23:
+        return ()
+    if bits >= 10:
+        return tuple(range(HALF_PRECISION_RESTART_EVERY, steps, HALF_PRECISION_RESTART_EVERY))
+    return tuple(range(1, steps - 1))
+
+
 def newton_schulz_method(
     m: int, n: int, steps: int, dtype=jnp.float32, method: str = "auto", precision: Any = None
 ) -> str:
     """The variant :func:`newton_schulz` runs for an ``m x n`` matrix: ``'standard'`` or ``'gram'``.
 
-    The Gram-space variant has no self-correction through ``X``: the round-off
-    of every Gram-space product accumulates in ``Q`` (in bfloat16 it is
-    unstable; at TensorFloat-32, 10 mantissa bits, Polar Express 8 steps was
-    measured 0.29 away from 1 on an NVIDIA H200, against < 1e-4 at float32).
-    So ``'auto'`` picks it only when
+    The Gram-space variant has no self-correction through ``X`` within a
+    segment: the round-off of every Gram-space product accumulates in ``Q``
+    (without restarts, at TensorFloat-32, 10 mantissa bits, Polar Express 8
+    steps was measured 0.29 away from 1 on an NVIDIA H200, against < 1e-4 at
+    float32; in bfloat16 it overflows). Restarts (:func:`gram_restarts`)
+    cure it. ``'auto'`` picks it when it saves at least 25% of the flops
+    (:func:`newton_schulz_flops`, with those restarts) and
 
     * the compute ``dtype`` has >= 32 bits **and** the matmuls run at
       ``Precision.HIGHEST`` (:func:`resolve_precision`: the default for
       float32 compute; an explicit lower ``precision`` such as
       ``'tensorfloat32'`` or ``Precision.DEFAULT`` disables it on every
       backend, even on a CPU where it would be exact, so that the choice,
-      and the result, do not depend on the backend), and
-    * it saves at least 25% of the flops (:func:`newton_schulz_flops`).
+      and the result, do not depend on the backend): no restarts; or
+    * the compute ``dtype`` is float16 and ``steps <= 5``: a restart every
+      2 steps (measured within the standard iteration's bands on real GPT
+      gradients and conditioned random matrices; Polar Express 8 steps fell
+      to 0.84 on real gradients, outside its 0.02 band around 1).
+
+    In bfloat16 the restarts it needs (all but the last two steps) leave
+    less than 25% to save, so ``'auto'`` runs the standard iteration there.
+    The choice depends on the dtype and precision only, never on the backend.
     """
     if method in ("standard", "gram"):
         return method
-    if jnp.dtype(dtype).itemsize < 4 or not _is_full_precision(resolve_precision(precision, dtype)):
+    if jnp.dtype(dtype).itemsize >= 4 and not _is_full_precision(resolve_precision(precision, dtype)):
         return "standard"
-    gram = newton_schulz_flops(m, n, steps, "gram")
+    if _mantissa_bits(dtype, precision) < 23 and steps > 5:
+        return "standard"
+    restarts = gram_restarts(steps, dtype, precision)
+    gram = newton_schulz_flops(m, n, steps, "gram", restarts=restarts)
     return "gram" if gram <= 0.75 * newton_schulz_flops(m, n, steps, "standard") else "standard"
 
 
@@ -363,15 +542,18 @@ def _use_gram(method: str, m: int, n: int, steps: int, dtype, precision: Any = N
     return newton_schulz_method(m, n, steps, dtype, method, precision) == "gram"
 
 
-def newton_schulz_flops(m: int, n: int, steps: int, method: str = "standard") -> int:
+def newton_schulz_flops(m: int, n: int, steps: int, method: str = "standard", *, restarts: Sequence[int] = ()) -> int:
     """Matmul flops of one ``m x n`` orthogonalization (2 flops per multiply-add).
 
-    Standard: ``steps * (4 s^2 l + 2 s^3)``; Gram-space: ``4 s^2 l + 2 s^3 (4
-    steps - 3)``, with ``s = min(m, n)``, ``l = max(m, n)``.
+    Standard: ``steps * (4 s^2 l + 2 s^3)``; Gram-space in ``j = 1 +
+    len(restarts)`` segments: ``j 4 s^2 l + 2 s^3 (4 steps - 3 j)``, with ``s
+    = min(m, n)``, ``l = max(m, n)``. The preconditionings add no matmul (the
+    Gram matrix they form is the first step's).
     """
     s, l = min(m, n), max(m, n)
     if method == "gram":
-        return 4 * s * s * l + 2 * s**3 * max(4 * steps - 3, 1)
+        j = 1 + len([i for i in restarts if 0 < i < steps])
+        return j * 4 * s * s * l + 2 * s**3 * max(4 * steps - 3 * j, 1)
     return steps * (4 * s * s * l + 2 * s**3)
 
 
@@ -390,7 +572,7 @@ def user_function_dtype(compute_dtype: Any = None):
 
 def newton_schulz(
     x: jax.Array,
-    coefficients: Coefficients = "quintic",
+    coefficients: Coefficients = "auto",
     *,
     steps: int | None = None,
     compute_dtype: Any = None,
@@ -399,6 +581,8 @@ def newton_schulz(
     precision: Any = None,
     axis_name: Any = None,
     sharded_axis: int = -1,
+    preconditioning: str | None = None,
+    restarts: Sequence[int] | None = None,
 ) -> jax.Array:
     """Approximate orthogonal polar factor ``U V^T`` of every matrix in ``x``.
 
@@ -414,9 +598,14 @@ def newton_schulz(
 
     Args:
       x: array of shape ``(..., m, n)``; leading axes are independent matrices.
-      coefficients: ``'quintic'`` (default: :data:`MUON_QUINTIC`, 5 steps),
+      coefficients: ``'auto'`` (default, :func:`auto_coefficients`:
+        ``'quintic'`` for >= 32-bit compute, ``'polar_express_schatten'`` for
+        bfloat16 / float16), ``'quintic'`` (:data:`MUON_QUINTIC`, 5 steps),
         ``'polar_express'`` (:func:`polar_express_coefficients`, 8 steps by
-        default), an ``(a, b, c)`` triple, a table of triples, or a function
+        default), ``'polar_express_schatten'`` (4 steps, for the
+        Schatten-4-normalized start), ``'you'`` (alias ``'dion'``,
+        :data:`YOU_COEFFICIENTS`, 5 steps), an ``(a, b, c)`` triple, a table
+        of triples (see :func:`resolve_coefficients`), or a function
         ``f(x) -> x`` replacing the normalization and iteration altogether,
         e.g. an exact SVD-based polar factor. It is called on the
         ``(batch, m, n)`` array in :func:`user_function_dtype` (``compute_dtype``
@@ -435,9 +624,11 @@ def newton_schulz(
         ``precision='tensorfloat32'`` (then ``'auto'`` never picks ``'gram'``).
       method: ``'standard'``, ``'gram'`` (Gram-space variant, cheaper for
         rectangular matrices) or ``'auto'`` (:func:`newton_schulz_method`:
-        Gram-space when ``compute_dtype`` has >= 32 bits, the matmuls run at
-        ``Precision.HIGHEST``, and it saves >= 25% of the flops, i.e. aspect
-        ratio ``max(m, n) / min(m, n) >= 2.5`` for 5 steps).
+        Gram-space when it saves >= 25% of the flops and either
+        ``compute_dtype`` has >= 32 bits with the matmuls at
+        ``Precision.HIGHEST`` (e.g. aspect ratio ``max(m, n) / min(m, n) >=
+        2.5`` for 5 steps), or it is float16 with at most 5 steps, with
+        restarts; never in bfloat16).
       norm_safety: factor ``>= 1`` on the Frobenius norm; ``None``: 1.01 for
         ``'polar_express'`` (as published), 1 otherwise.
       precision: ``jax.lax.Precision`` (or string, or pair) of the matmuls;
@@ -452,6 +643,21 @@ def newton_schulz(
         iteration (standard method). ``None``: ``x`` holds whole matrices.
       sharded_axis: ``-1`` (columns, e.g. a Flax kernel sharded on its
         fan-out axis) or ``-2`` (rows); used with ``axis_name`` only.
+      preconditioning: how the start ``X_0`` is scaled so that every singular
+        value is <= 1 (docs/math.md, "Orthogonalization at fewer flops"): ``None`` (default: the one
+        the coefficients are designed for, :func:`default_preconditioning`),
+        ``'frobenius'`` (``G / ||G||_F``), ``'schatten'`` (``G / ||G||_{S_4}``, ``||G||_{S_4} =
+        ||G G^T||_F^(1/2)``, a tighter bound on the largest singular value)
+        or ``'aol'`` (``D G / ||G||_F`` with ``D`` the inverse square roots
+        of the row sums of ``|A|``, ``A`` the normalized Gram matrix;
+        Turbo-Muon), the last two reusing their Gram matrix as the first
+        step's. ``'aol'`` rescales rows, so its result approximates the polar
+        factor of ``D G``, not of ``G``: close to orthogonal, on slightly
+        different singular vectors.
+      restarts: Gram-space method only: step indices at which ``X`` is
+        re-formed and its Gram matrix recomputed (``None``: the measured
+        schedule of :func:`gram_restarts`: none at float32 / ``HIGHEST``,
+        every 2 steps in float16, all but the last two steps in bfloat16).
 
     Returns:
       Array of ``x``'s shape and dtype.
@@ -467,6 +673,12 @@ def newton_schulz(
         raise ValueError(f"method must be 'auto', 'standard' or 'gram', got {method!r}")
     out_dtype = x.dtype
     cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else default_compute_dtype()
+    if isinstance(coefficients, str) and coefficients.lower() == "auto":
+        coefficients = auto_coefficients(cdtype)
+    if preconditioning is None:
+        preconditioning = default_preconditioning(coefficients)
+    if preconditioning not in PRECONDITIONINGS:
+        raise ValueError(f"preconditioning must be one of {PRECONDITIONINGS}, got {preconditioning!r}")
     *_lead, m, n = x.shape
     xb = x.reshape((-1, m, n))
     if xb.shape[0] == 0 or m == 0 or n == 0:
@@ -507,16 +719,22 @@ def newton_schulz(
     if axis_name is not None:
         sumsq = jax.lax.psum(sumsq, axis_name)
     fro = jnp.sqrt(sumsq)
-    xn = xn / jnp.where(fro > 0, fro * safety, 1).astype(ndtype)
+    frobenius = preconditioning == "frobenius"
+    xn = xn / jnp.where(fro > 0, fro * (safety if frobenius else 1.0), 1).astype(ndtype)
     xc = xn.astype(cdtype)
 
     prec = resolve_precision(precision, cdtype)
+    steps_ = len(table)
     if axis_name is not None:
-        y = _standard(xc, table, sharded_axis == -1, prec, axis_name)
+        wide = sharded_axis == -1
+        psum = lambda a: jax.lax.psum(a, axis_name)
+        xc, gram0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, psum)
+        y = _standard(xc, table, wide, prec, axis_name, gram0)
         return y.astype(out_dtype).reshape(x.shape)
     wide = m <= n
-    if _use_gram(method, m, n, len(table), cdtype, prec):
-        y = _gram(xc, table, wide, prec)
+    xc, gram0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: a)
+    if _use_gram(method, m, n, steps_, cdtype, prec):
+        y = _gram(xc, table, wide, prec, gram_restarts(steps_, cdtype, prec, restarts), gram0)
     else:
-        y = _standard(xc, table, wide, prec)
+        y = _standard(xc, table, wide, prec, gram0=gram0)
     return y.astype(out_dtype).reshape(x.shape)

@@ -81,10 +81,12 @@ def muon(
     weight_decay_mask: Any = None,
     geometry: GeometryLike = None,
     scale: Any = "spectral",
-    ns_coefficients: Coefficients = "quintic",
+    ns_coefficients: Coefficients = "auto",
     ns_steps: int | None = None,
     ns_method: str = "auto",
     compute_dtype: Any = None,
+    ns_preconditioning: str | None = None,
+    after_orthogonalize: optax.GradientTransformation | None = None,
     embedding: str | optax.GradientTransformation = "adamw",
     vector: str | optax.GradientTransformation = "adamw",
     output: str | optax.GradientTransformation = "muon",
@@ -140,12 +142,20 @@ def muon(
       scale: ``'spectral'`` (``sqrt(d_out / d_in)``), ``'muon'``
         (``sqrt(max(1, d_out / d_in))``), ``'rms'`` (``0.2 sqrt(max(d_in,
         d_out))``), a number or a function ``geometry -> number``.
-      ns_coefficients: ``'quintic'`` (default, 5 steps), ``'polar_express'``,
-        an ``(a, b, c)`` triple, a table, or a function replacing the iteration.
+      ns_coefficients: ``'auto'`` (default: ``'quintic'``, 5 steps, for
+        float32 compute; ``'polar_express_schatten'``, 4 steps, for bfloat16
+        / float16), ``'quintic'``, ``'polar_express'``, ``'you'``, an ``(a, b,
+        c)`` triple, a table, or a function replacing the iteration.
       ns_steps: number of Newton-Schulz steps (default from the coefficients).
       ns_method: ``'auto'``, ``'standard'`` or ``'gram'``.
       compute_dtype: Newton-Schulz dtype; ``None``: float32 on CPU, bfloat16 on
         GPU/TPU.
+      ns_preconditioning: ``None`` (the coefficients' own), ``'frobenius'``,
+        ``'schatten'`` or ``'aol'`` (see :func:`spectral_optax.newton_schulz`).
+      after_orthogonalize: a transformation applied to the orthogonalized
+        update of every Muon-routed leaf, before weight decay and the learning
+        rate (:func:`spectral_optax.normuon` passes its neuron-wise
+        normalization here).
       embedding: route of embedding tables.
       vector: route of biases and norm scales.
       output: route of the output head's matrix.
@@ -196,9 +206,10 @@ def muon(
         compute_dtype=compute_dtype,
         distribute=distribute,
         axis_name=axis_name,
+        ns_preconditioning=ns_preconditioning,
     )
     heads = {
-        "muon": momentum_then(orthogonalize),
+        "muon": momentum_then(orthogonalize) + ([after_orthogonalize] if after_orthogonalize is not None else []),
         "normalize": momentum_then(scale_by_fan_out_rms(geometry=gmap, axis_name=axis_name)),
     }
     table: dict[str, optax.GradientTransformation] = {}

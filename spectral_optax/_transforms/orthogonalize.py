@@ -41,6 +41,7 @@ from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
 from spectral_optax._duals.polar import (
+    PRECONDITIONINGS,
     Coefficients,
     newton_schulz,
     resolve_coefficients,
@@ -96,7 +97,7 @@ def orthogonalize_via_newton_schulz(
     *,
     geometry: GeometryLike = None,
     scale: Any = "spectral",
-    ns_coefficients: Coefficients = "quintic",
+    ns_coefficients: Coefficients = "auto",
     ns_steps: int | None = None,
     compute_dtype: Any = None,
     ns_method: str = "auto",
@@ -105,6 +106,7 @@ def orthogonalize_via_newton_schulz(
     precision: Any = None,
     distribute: bool | None = None,
     axis_name: AxisName = None,
+    ns_preconditioning: str | None = None,
 ) -> optax.GradientTransformation:
     """Replace every update by ``scale * U V^T`` per batch slice (steepest descent in RMS->RMS).
 
@@ -127,15 +129,19 @@ def orthogonalize_via_newton_schulz(
       scale: ``'spectral'`` (default, ``sqrt(d_out / d_in)``), ``'muon'``
         (``sqrt(max(1, d_out / d_in))``), ``'rms'`` (``0.2 sqrt(max(d_in,
         d_out))``), a number or a function ``geometry -> number``.
-      ns_coefficients: ``'quintic'`` (Muon's, 5 steps), ``'polar_express'``
-        (8 steps by default), an ``(a, b, c)`` triple, a table or a function
-        ``(batch, d_in, d_out) -> (batch, d_in, d_out)`` replacing the
-        iteration; see :func:`spectral_optax.newton_schulz`.
+      ns_coefficients: ``'auto'`` (default: ``'quintic'`` for float32
+        compute, ``'polar_express_schatten'`` for bfloat16 / float16),
+        ``'quintic'`` (Muon's, 5 steps), ``'polar_express'`` (8 steps by
+        default), ``'polar_express_schatten'`` (4 steps), ``'you'`` (5
+        steps), an ``(a, b, c)`` triple, a table or a function ``(batch,
+        d_in, d_out) -> (batch, d_in, d_out)`` replacing the iteration; see
+        :func:`spectral_optax.newton_schulz`.
       ns_steps: number of Newton-Schulz steps (default from ``coefficients``).
       compute_dtype: dtype of the iteration; ``None``: float32 on CPU,
         bfloat16 on GPU/TPU.
       ns_method: ``'auto'`` | ``'standard'`` | ``'gram'`` (Gram-space iteration for
-        rectangular matrices; ``'auto'`` uses it in float32 when it saves flops).
+        rectangular matrices; ``'auto'`` uses it in float32 and float16 when it
+        saves flops, see :func:`spectral_optax.newton_schulz_method`).
       norm_safety: Frobenius-normalization safety factor (default per schedule).
       kinds: geometry kinds to orthogonalize; other leaves pass through.
         (For a vector, ``d_in = 1`` and ``U V^T`` is the vector scaled to
@@ -152,6 +158,9 @@ def orthogonalize_via_newton_schulz(
         parameters' ``in_specs``). Each leaf is gathered, orthogonalized
         whole and cut back to its block. ``None``: each block is taken for a
         whole matrix (right for replicated, data-parallel parameters).
+      ns_preconditioning: ``None`` (the coefficients' own), ``'frobenius'``,
+        ``'schatten'`` or ``'aol'``: the scaling of the iteration's start, see
+        :func:`spectral_optax.newton_schulz` and docs/math.md, "Orthogonalization at fewer flops".
 
     Returns:
       A stateless ``optax.GradientTransformation``.
@@ -167,7 +176,9 @@ def orthogonalize_via_newton_schulz(
         raise ValueError(f"kinds must be a subset of {KINDS}, got {tuple(kinds)}")
     if ns_method not in NS_METHODS:
         raise ValueError(f"ns_method must be one of {NS_METHODS}, got {ns_method!r}")
-    resolve_coefficients(ns_coefficients, ns_steps)  # validate at construction
+    resolve_coefficients(ns_coefficients, ns_steps, compute_dtype)  # validate at construction
+    if ns_preconditioning is not None and ns_preconditioning not in PRECONDITIONINGS:
+        raise ValueError(f"ns_preconditioning must be None or one of {PRECONDITIONINGS}, got {ns_preconditioning!r}")
     gmap = as_geometry_map(geometry)
     kinds = tuple(kinds)
 
@@ -180,6 +191,7 @@ def orthogonalize_via_newton_schulz(
             method=ns_method,
             norm_safety=norm_safety,
             precision=precision,
+            preconditioning=ns_preconditioning,
         )
 
     def update_fn(updates, state, params=None, **extra_args):
