@@ -47,8 +47,8 @@ def aval_mesh(x):
     """The (abstract) mesh in ``x``'s type, or ``None`` (concrete arrays and tracers alike)."""
     try:
         sharding = jax.typeof(x).sharding
-    except Exception:  # noqa: BLE001  (non-array leaves, old types)
-        return None
+    except Exception:  # noqa: BLE001  (non-array leaves, old types; a ShapeDtypeStruct's own sharding)
+        sharding = getattr(x, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
     if mesh is None or not getattr(mesh, "axis_names", ()):
         return None
@@ -67,6 +67,13 @@ def distribution_axes(mesh) -> tuple[str, ...]:
     types = _axis_types(mesh)
     shape = dict(mesh.shape)
     return tuple(a for a in mesh.axis_names if types.get(a) != "Manual" and shape[a] > 1)
+
+
+def manual_axes(mesh) -> tuple[str, ...]:
+    """The ``Manual`` axes of size > 1 of ``mesh`` (inside ``shard_map``)."""
+    types = _axis_types(mesh)
+    shape = dict(mesh.shape)
+    return tuple(a for a in mesh.axis_names if types.get(a) == "Manual" and shape[a] > 1)
 
 
 def is_explicit(mesh, axes: Sequence[str]) -> bool:
