@@ -120,6 +120,22 @@ def on_auto_axes(fn: Callable, *args, num_outputs: int = 1):
     return fn(*args)
 
 
+def keeping_specs(fn: Callable, leaves: Sequence[Any], mesh=None):
+    """``fn(*leaves)`` (a tuple, one output per leaf); on a mesh with ``Explicit`` axes (of any
+    size, one device included) under ``jax.sharding.auto_axes``, so that reshapes of sharded axes
+    and contractions over them are XLA's to partition, each output in its leaf's ``PartitionSpec``.
+
+    ``mesh``: the leaves' mesh (default: the first one found in their types)."""
+    if mesh is None:
+        mesh = next((m for m in map(aval_mesh, leaves) if m is not None), None)
+    explicit = tuple(a for a in mesh.axis_names if is_explicit(mesh, (a,))) if mesh is not None else ()
+    if not explicit:
+        return fn(*leaves)
+    specs = tuple(explicit_spec(x, x.ndim) or P() for x in leaves)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.sharding.auto_axes(fn, axes=explicit, out_sharding=specs)(*leaves)
+
+
 # --------------------------------------------------------------------------
 # shard_map / pmap: axis_name.
 # --------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from spectral_optax._geometry import (
     map_with_geometry,
     to_matrix,
 )
-from spectral_optax._sharding import AxisName, gathered
+from spectral_optax._sharding import AxisName, gathered, keeping_specs
 
 
 def dual_map_transform(
@@ -31,8 +31,8 @@ def dual_map_transform(
     ``axis_name`` (inside ``shard_map`` / ``pmap``): see ``spectral_optax._sharding.gathered``."""
     gmap = as_geometry_map(geometry)
 
-    def leaf(g, u):
-        return from_matrix(dual(to_matrix(u, g)), g)
+    def leaf(g, u):  # on Explicit meshes under auto_axes: fused-block reshapes of sharded axes
+        return keeping_specs(lambda x: (from_matrix(dual(to_matrix(x, g)), g),), [u])[0]
 
     def update_fn(updates, state, params=None, **extra_args):
         del params, extra_args

@@ -61,9 +61,8 @@ from spectral_optax._sharding import (
     AxisName,
     aval_mesh,
     distribution_axes,
-    explicit_spec,
     gathered,
-    is_explicit,
+    keeping_specs,
     manual_axes,
     mesh_size,
 )
@@ -203,7 +202,7 @@ def orthogonalize_via_newton_schulz(
             run = lambda *xs: _run_plan(groups, plan, xs, orthogonalize, scale, compute_dtype, ns_coefficients)
         else:  # one device, inside shard_map, or distribute=False (XLA partitions the matmuls)
             run = lambda *xs: _run_batched(groups, xs, orthogonalize, scale)
-        for (i, _), y in zip(members, _on_explicit_mesh(run, leaves, mesh)):
+        for (i, _), y in zip(members, keeping_specs(run, leaves, mesh)):
             out[i] = y
         return jax.tree_util.tree_unflatten(treedef, out), state
 
@@ -290,7 +289,7 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
             block = _finish(ortho[start : start + g.num_slices], g, scale, x.dtype)
             start += g.num_slices
             out.append(shard_alike(block, x)[0])
-    return out
+    return tuple(out)
 
 
 def _run_batched(groups, leaves, orthogonalize, scale):
@@ -301,19 +300,7 @@ def _run_batched(groups, leaves, orthogonalize, scale):
         xs = [next(it) for _ in members]
         blocks = _batched([_wide(x, g) for x, (_, g) in zip(xs, members)], orthogonalize)
         out.extend(_finish(b, g, scale, x.dtype) for b, x, (_, g) in zip(blocks, xs, members))
-    return out
-
-
-def _on_explicit_mesh(run, leaves, mesh):
-    """``run(*leaves)``; on a mesh with ``Explicit`` axes (of any size, one device included) under
-    ``jax.sharding.auto_axes``, so reshapes of sharded axes and sharded contractions are XLA's to
-    partition, every result in its leaf's ``PartitionSpec``."""
-    explicit = tuple(a for a in mesh.axis_names if is_explicit(mesh, (a,))) if mesh is not None else ()
-    if not explicit:
-        return run(*leaves)
-    specs = tuple(explicit_spec(x, x.ndim) or P() for x in leaves)
-    with jax.sharding.use_abstract_mesh(mesh):
-        return list(jax.sharding.auto_axes(run, axes=explicit, out_sharding=specs)(*leaves))
+    return tuple(out)
 
 
 def _wide(x, g: Geometry):
