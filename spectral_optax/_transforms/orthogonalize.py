@@ -117,11 +117,12 @@ def orthogonalize_via_newton_schulz(
 
     Same-shape matrices across the tree (tall ones transposed) are processed
     as one batched :func:`~spectral_optax.newton_schulz` call. On a mesh of
-    ``N`` devices that batch is split over all of them: each device
-    orthogonalizes about ``1/N`` of the whole matrices (one all-to-all to
-    bring them, one to return the results to the parameters' shardings); a
-    leaf sharded only along its batch (stacked-layer) axes, or whose slice
-    count is a multiple of ``N``, is kept in place. A zero update stays zero; the
+    ``N`` devices the work follows one plan for the whole tree
+    (:func:`~spectral_optax.orthogonalization_plan`, docs/sharding.md): each
+    shape group is dealt to the devices as whole matrices, or, when it has
+    fewer matrices than devices or one costs more than a device's share, cut
+    along its long side over ``k`` devices with the short-side Gram matrix
+    summed over them every step. A zero update stays zero; the
     result has the update's dtype (the iteration runs in ``compute_dtype``).
 
     Args:
@@ -143,8 +144,8 @@ def orthogonalize_via_newton_schulz(
         (For a vector, ``d_in = 1`` and ``U V^T`` is the vector scaled to
         unit norm, i.e. ``sqrt(d_out)`` times RMS 1 under ``'spectral'``.)
       precision: ``jax.lax.Precision`` of the matmuls.
-      distribute: spread whole matrices over the devices of the updates'
-        mesh (jit with ``NamedSharding``; see docs/sharding.md). ``None``
+      distribute: spread the work over the devices of the updates' mesh by
+        the plan (jit with ``NamedSharding``; see docs/sharding.md). ``None``
         (default): whenever the updates live on a mesh of more than one
         device; ``False``: leave the partitioning to XLA (which shards every
         matmul of the iteration and all-gathers per step).
@@ -270,7 +271,7 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
     for key, members in groups.items():
         gp = plan[key]
         xs = [next(it) for _ in members]
-        mats = [_wide(x, g) for x, (_, g) in zip(xs, members)]
+        mats = [_wide_to_move(x, g) for x, (_, g) in zip(xs, members)]
         dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
         stacked = jnp.concatenate([m.astype(dtype) for m in mats], axis=0) if len(mats) > 1 else mats[0].astype(dtype)
         total, n = stacked.shape[0], stacked.shape[2]
@@ -290,6 +291,15 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
             start += g.num_slices
             out.append(shard_alike(block, x)[0])
     return tuple(out)
+
+
+def _wide_to_move(x, g: Geometry):
+    """The wide view of a leaf about to be moved to its owners; with fused fan-out blocks
+    (``fan_out_splits > 1``, QKV) materialized first (``optimization_barrier``): XLA's CPU backend
+    otherwise fuses the block transposition into the all-to-all and fails its own verifier (GPT-2 XL
+    ``c_attn`` on 64 devices: "all-to-all has operands with different shapes")."""
+    m = _wide(x, g)
+    return m if g.fan_out_splits == 1 else jax.lax.optimization_barrier(m)
 
 
 def _run_batched(groups, leaves, orthogonalize, scale):
