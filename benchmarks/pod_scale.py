@@ -90,7 +90,8 @@ def tree_shapes(name: str, scan: bool = False):
     if scan:
         top["blocks"] = jax.tree.map(lambda s: (blocks, *s), block, is_leaf=is_shape)
         geometry[r"^blocks/.*/kernel$"] = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
-        geometry[r"^blocks/.*/c_attn/kernel$"] = {**geometry[r"^blocks/.*/kernel$"], "fan_out_splits": 3}
+        if kind == "gpt2":
+            geometry[r"^blocks/.*/c_attn/kernel$"] = {**geometry[r"^blocks/.*/kernel$"], "fan_out_splits": 3}
         geometry[r"^blocks/.*(scale|bias)$"] = {"kind": "vector", "fan_out_axes": (-1,)}
     else:
         top.update({f"h{i}": block for i in range(blocks)})

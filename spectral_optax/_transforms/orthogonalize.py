@@ -61,10 +61,12 @@ from spectral_optax._sharding import (
     AxisName,
     aval_mesh,
     distribution_axes,
+    explicit_spec,
     gathered,
     keeping_specs,
     manual_axes,
     mesh_size,
+    spec_axes,
 )
 
 SCALES = ("spectral", "muon", "rms")
@@ -200,7 +202,8 @@ def orthogonalize_via_newton_schulz(
         leaves = [out[i] for i, _ in members]
         if axes and distribute is not False and not manual_axes(mesh):
             plan = _plan(groups, flat, mesh_size(mesh, axes), *plan_args)
-            run = lambda *xs: _run_plan(groups, plan, xs, orthogonalize, scale, compute_dtype, ns_coefficients)
+            specs = [explicit_spec(x, x.ndim) for x in leaves]
+            run = lambda *xs: _run_plan(groups, plan, xs, orthogonalize, scale, compute_dtype, ns_coefficients, specs)
         else:  # one device, inside shard_map, or distribute=False (XLA partitions the matmuls)
             run = lambda *xs: _run_batched(groups, xs, orthogonalize, scale)
         for (i, _), y in zip(members, keeping_specs(run, leaves, mesh)):
@@ -253,7 +256,7 @@ def _move_dtype(dtype, compute_dtype, coefficients):
     return cdtype if cdtype.itemsize < jnp.dtype(dtype).itemsize else dtype
 
 
-def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coefficients):
+def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coefficients, specs=None):
     """Every group orthogonalized as its plan says; the finished leaves, in ``groups`` order.
 
     A group's wide matrices are stacked to ``(B, m, n)``, zero-padded to ``B'``
@@ -268,10 +271,13 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
     ``PartitionSpec`` as the output sharding).
     """
     out, it = [], iter(leaves)
+    spec_it = iter(specs or [None] * len(leaves))
     for key, members in groups.items():
         gp = plan[key]
+        devices = gp.owners * gp.split
         xs = [next(it) for _ in members]
-        mats = [_wide_to_move(x, g) for x, (_, g) in zip(xs, members)]
+        ss = [next(spec_it) for _ in members]
+        mats = [_via_one_axis(_wide_to_move(x, g), sp, devices) for x, (_, g), sp in zip(xs, members, ss)]
         dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
         stacked = jnp.concatenate([m.astype(dtype) for m in mats], axis=0) if len(mats) > 1 else mats[0].astype(dtype)
         total, n = stacked.shape[0], stacked.shape[2]
@@ -286,8 +292,8 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
         ortho = jax.lax.with_sharding_constraint(orthogonalize(stacked, gp.method if gp.split > 1 else None), owned)
         ortho = ortho[:total, :, :n] if pad_b or pad_n else ortho
         start = 0
-        for x, (_, g) in zip(xs, members):
-            block = _finish(ortho[start : start + g.num_slices], g, scale, x.dtype)
+        for x, (_, g), sp in zip(xs, members, ss):
+            block = _finish(_via_one_axis(ortho[start : start + g.num_slices], sp, devices), g, scale, x.dtype)
             start += g.num_slices
             out.append(shard_alike(block, x)[0])
     return tuple(out)
@@ -300,6 +306,21 @@ def _wide_to_move(x, g: Geometry):
     ``c_attn`` on 64 devices: "all-to-all has operands with different shapes")."""
     m = _wide(x, g)
     return m if g.fan_out_splits == 1 else jax.lax.optimization_barrier(m)
+
+
+def _via_one_axis(m, spec, devices: int):
+    """A wide view ``(slices, m, n)`` of a leaf whose (Explicit) ``spec`` shards it over several mesh
+    axes (FSDP x tensor parallel) resharded with its rows (else columns) over all devices, on its way
+    to or from the owners: XLA's partitioner cannot move a 2-D tiling to the owners' 1-D one directly
+    and would replicate the whole stack instead ("involuntary full rematerialization")."""
+    if len({a for entry in (spec or ()) for a in spec_axes(entry)}) < 2:
+        return m
+    rows = m.shape[1] % devices == 0
+    if not rows and m.shape[2] % devices:
+        return m
+    flat = jax.sharding.AbstractMesh((devices,), ("_devices",), axis_types=(jax.sharding.AxisType.Auto,))
+    dims = (None, "_devices", None) if rows else (None, None, "_devices")
+    return jax.lax.with_sharding_constraint(m, jax.sharding.NamedSharding(flat, P(*dims)))
 
 
 def _run_batched(groups, leaves, orthogonalize, scale):
