@@ -120,6 +120,23 @@ def on_auto_axes(fn: Callable, *args, num_outputs: int = 1):
     return fn(*args)
 
 
+def blocks_local(x, g, devices: int):
+    """``x`` (a leaf of geometry ``g``) constrained to be sharded over all ``devices`` on its largest
+    batch or fan-in axis that they divide, when ``g`` fuses fan-out blocks (``fan_out_splits > 1``,
+    QKV): cutting the fan-out into blocks (``to_matrix``) is then local. From a layout sharded on the
+    fused fan-out (GPT-2 ``c_attn`` under FSDP) it is one all-to-all; left to XLA, the reshape
+    replicates the leaf on every device."""
+    if g.fan_out_splits == 1 or devices == 1:
+        return x
+    axes = [a for a in g.batch_axes + g.fan_in_axes if g.shape[a] % devices == 0]
+    if not axes:
+        return x
+    spec: list = [None] * x.ndim
+    spec[max(axes, key=lambda a: g.shape[a])] = "_devices"
+    flat = jax.sharding.AbstractMesh((devices,), ("_devices",), axis_types=(jax.sharding.AxisType.Auto,))
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(flat, P(*spec)))
+
+
 def keeping_specs(fn: Callable, leaves: Sequence[Any], mesh=None):
     """``fn(*leaves)`` (a tuple, one output per leaf); on a mesh with ``Explicit`` axes (of any
     size, one device included) under ``jax.sharding.auto_axes``, so that reshapes of sharded axes

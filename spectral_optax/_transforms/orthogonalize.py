@@ -60,6 +60,7 @@ from spectral_optax._plan import OrthogonalizationPlan, plan_group
 from spectral_optax._sharding import (
     AxisName,
     aval_mesh,
+    blocks_local,
     distribution_axes,
     explicit_spec,
     gathered,
@@ -277,7 +278,7 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
         devices = gp.owners * gp.split
         xs = [next(it) for _ in members]
         ss = [next(spec_it) for _ in members]
-        mats = [_via_one_axis(_wide_to_move(x, g), sp, devices) for x, (_, g), sp in zip(xs, members, ss)]
+        mats = [_via_one_axis(_wide_to_move(x, g, devices), sp, devices) for x, (_, g), sp in zip(xs, members, ss)]
         dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
         stacked = jnp.concatenate([m.astype(dtype) for m in mats], axis=0) if len(mats) > 1 else mats[0].astype(dtype)
         total, n = stacked.shape[0], stacked.shape[2]
@@ -294,18 +295,21 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
         start = 0
         for x, (_, g), sp in zip(xs, members, ss):
             block = _finish(_via_one_axis(ortho[start : start + g.num_slices], sp, devices), g, scale, x.dtype)
+            block = blocks_local(block, g, devices)  # fused blocks joined locally, then one all-to-all
             start += g.num_slices
             out.append(shard_alike(block, x)[0])
     return tuple(out)
 
 
-def _wide_to_move(x, g: Geometry):
+def _wide_to_move(x, g: Geometry, devices: int):
     """The wide view of a leaf about to be moved to its owners; with fused fan-out blocks
-    (``fan_out_splits > 1``, QKV) materialized first (``optimization_barrier``): XLA's CPU backend
-    otherwise fuses the block transposition into the all-to-all and fails its own verifier (GPT-2 XL
-    ``c_attn`` on 64 devices: "all-to-all has operands with different shapes")."""
-    m = _wide(x, g)
-    return m if g.fan_out_splits == 1 else jax.lax.optimization_barrier(m)
+    (``fan_out_splits > 1``, QKV) cut locally (:func:`~spectral_optax._sharding.blocks_local`) and
+    materialized (``optimization_barrier``): XLA's CPU backend otherwise fuses the block
+    transposition into the all-to-all and fails its own verifier (GPT-2 XL ``c_attn`` on 64
+    devices: "all-to-all has operands with different shapes")."""
+    if g.fan_out_splits == 1:
+        return _wide(x, g)
+    return jax.lax.optimization_barrier(_wide(blocks_local(x, g, devices), g))
 
 
 def _via_one_axis(m, spec, devices: int):
