@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import spectral_optax as so
-from tests.test_sharding import run_script
+from tests.test_sharding import CLOSE, run_script
 
 # float64 NumPy reference of the quintic iteration (independent of spectral_optax's code).
 REFERENCE = """
@@ -113,10 +113,9 @@ params = jax.tree.map(lambda s: jax.random.normal(next(keys), s) / 4, shapes, is
 grads = [jax.tree.map(lambda p: jax.random.normal(next(keys), p.shape), params) for _ in range(2)]
 
 
-def close(a, b, name):
-    # relative 1e-5 of each leaf's scale (sharded reductions sum in another order)
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(np.max(np.abs(b), initial=0.0), 1e-30), err_msg=name)
+"""
++ CLOSE
++ """
 
 
 def run(tx, p, gs):
