@@ -113,9 +113,7 @@ params = jax.tree.map(lambda s: jax.random.normal(next(keys), s) / 4, shapes, is
 grads = [jax.tree.map(lambda p: jax.random.normal(next(keys), p.shape), params) for _ in range(2)]
 
 
-"""
-+ CLOSE
-+ """
+""" + CLOSE + """
 
 
 def run(tx, p, gs):

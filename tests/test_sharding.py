@@ -68,9 +68,7 @@ params = jax.tree.map(lambda s: jax.random.normal(next(keys), s) / 4, shapes, is
 grads = [jax.tree.map(lambda p: jax.random.normal(next(keys), p.shape), params) for _ in range(3)]
 
 
-"""
-+ CLOSE
-+ """
+""" + CLOSE + """
 
 
 def run(tx, tree_params, tree_grads, inner=None):
