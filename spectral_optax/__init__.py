@@ -67,9 +67,10 @@ from spectral_optax._optimizers.muon import MUON_ROUTES, contrib_muon, muon
 # Named optimizers.
 from spectral_optax._optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
 from spectral_optax._optimizers.normuon import normuon
+from spectral_optax._plan import GroupPlan, OrthogonalizationPlan
 from spectral_optax._transforms.momentum import EmaMomentumState, ema_momentum
 from spectral_optax._transforms.neuron_norm import ScaleByNeuronSecondMomentState, scale_by_neuron_second_moment
-from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
+from spectral_optax._transforms.orthogonalize import orthogonalization_plan, orthogonalize_via_newton_schulz
 from spectral_optax._transforms.parametrization import (
     lr_multiplier,
     scale_by_parametrization1,
@@ -152,6 +153,9 @@ __all__ = [
     "orthogonalize_via_newton_schulz",
     "ScaleByNeuronSecondMomentState",
     "scale_by_neuron_second_moment",
+    "orthogonalization_plan",
+    "OrthogonalizationPlan",
+    "GroupPlan",
     "scale_by_spectral_trust_ratio",
     "EmaMomentumState",
     "ema_momentum",

@@ -47,8 +47,8 @@ def aval_mesh(x):
     """The (abstract) mesh in ``x``'s type, or ``None`` (concrete arrays and tracers alike)."""
     try:
         sharding = jax.typeof(x).sharding
-    except Exception:  # noqa: BLE001  (non-array leaves, old types)
-        return None
+    except Exception:  # noqa: BLE001  (non-array leaves, old types; a ShapeDtypeStruct's own sharding)
+        sharding = getattr(x, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
     if mesh is None or not getattr(mesh, "axis_names", ()):
         return None
@@ -67,6 +67,13 @@ def distribution_axes(mesh) -> tuple[str, ...]:
     types = _axis_types(mesh)
     shape = dict(mesh.shape)
     return tuple(a for a in mesh.axis_names if types.get(a) != "Manual" and shape[a] > 1)
+
+
+def manual_axes(mesh) -> tuple[str, ...]:
+    """The ``Manual`` axes of size > 1 of ``mesh`` (inside ``shard_map``)."""
+    types = _axis_types(mesh)
+    shape = dict(mesh.shape)
+    return tuple(a for a in mesh.axis_names if types.get(a) == "Manual" and shape[a] > 1)
 
 
 def is_explicit(mesh, axes: Sequence[str]) -> bool:
@@ -111,6 +118,39 @@ def on_auto_axes(fn: Callable, *args, num_outputs: int = 1):
             with jax.sharding.use_abstract_mesh(mesh):
                 return jax.sharding.auto_axes(fn, axes=axes, out_sharding=specs)(*args)
     return fn(*args)
+
+
+def blocks_local(x, g, devices: int):
+    """``x`` (a leaf of geometry ``g``) constrained to be sharded over all ``devices`` on its largest
+    batch or fan-in axis that they divide, when ``g`` fuses fan-out blocks (``fan_out_splits > 1``,
+    QKV): cutting the fan-out into blocks (``to_matrix``) is then local. From a layout sharded on the
+    fused fan-out (GPT-2 ``c_attn`` under FSDP) it is one all-to-all; left to XLA, the reshape
+    replicates the leaf on every device."""
+    if g.fan_out_splits == 1 or devices == 1:
+        return x
+    axes = [a for a in g.batch_axes + g.fan_in_axes if g.shape[a] % devices == 0]
+    if not axes:
+        return x
+    spec: list = [None] * x.ndim
+    spec[max(axes, key=lambda a: g.shape[a])] = "_devices"
+    flat = jax.sharding.AbstractMesh((devices,), ("_devices",), axis_types=(jax.sharding.AxisType.Auto,))
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(flat, P(*spec)))
+
+
+def keeping_specs(fn: Callable, leaves: Sequence[Any], mesh=None):
+    """``fn(*leaves)`` (a tuple, one output per leaf); on a mesh with ``Explicit`` axes (of any
+    size, one device included) under ``jax.sharding.auto_axes``, so that reshapes of sharded axes
+    and contractions over them are XLA's to partition, each output in its leaf's ``PartitionSpec``.
+
+    ``mesh``: the leaves' mesh (default: the first one found in their types)."""
+    if mesh is None:
+        mesh = next((m for m in map(aval_mesh, leaves) if m is not None), None)
+    explicit = tuple(a for a in mesh.axis_names if is_explicit(mesh, (a,))) if mesh is not None else ()
+    if not explicit:
+        return fn(*leaves)
+    specs = tuple(explicit_spec(x, x.ndim) or P() for x in leaves)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.sharding.auto_axes(fn, axes=explicit, out_sharding=specs)(*leaves)
 
 
 # --------------------------------------------------------------------------

@@ -31,6 +31,17 @@ def run_script(script: str, devices: int, timeout: int = 600) -> str:
     return res.stdout
 
 
+# One leaf equal to its reference within relative 1e-5 of the leaf's scale (a script snippet).
+CLOSE = """
+import numpy as np
+
+
+def close(a, b, name):
+    # relative 1e-5 of each leaf's scale (sharded reductions sum in another order)
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(np.max(np.abs(b), initial=0.0), 1e-30), err_msg=name)
+"""
+
 # Every layout of the issue on a (4, 2) mesh: FSDP, tensor-parallel, both,
 # a stacked layer sharded on its layer axis, an uneven shard (30 rows over 4).
 LAYOUTS = """
@@ -57,10 +68,7 @@ params = jax.tree.map(lambda s: jax.random.normal(next(keys), s) / 4, shapes, is
 grads = [jax.tree.map(lambda p: jax.random.normal(next(keys), p.shape), params) for _ in range(3)]
 
 
-def close(a, b, name):
-    # relative 1e-5 of each leaf's scale (sharded reductions sum in another order)
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(np.max(np.abs(b), initial=0.0), 1e-30), err_msg=name)
+""" + CLOSE + """
 
 
 def run(tx, tree_params, tree_grads, inner=None):

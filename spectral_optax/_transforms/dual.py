@@ -20,7 +20,16 @@ from spectral_optax._geometry import (
     map_with_geometry,
     to_matrix,
 )
-from spectral_optax._sharding import AxisName, gathered
+from spectral_optax._sharding import (
+    AxisName,
+    aval_mesh,
+    blocks_local,
+    distribution_axes,
+    gathered,
+    keeping_specs,
+    manual_axes,
+    mesh_size,
+)
 
 
 def dual_map_transform(
@@ -31,8 +40,14 @@ def dual_map_transform(
     ``axis_name`` (inside ``shard_map`` / ``pmap``): see ``spectral_optax._sharding.gathered``."""
     gmap = as_geometry_map(geometry)
 
-    def leaf(g, u):
-        return from_matrix(dual(to_matrix(u, g)), g)
+    def leaf(g, u):  # on Explicit meshes under auto_axes: fused-block reshapes of sharded axes
+        mesh = aval_mesh(u)
+        n = mesh_size(mesh, distribution_axes(mesh)) if mesh is not None and not manual_axes(mesh) else 1
+
+        def one(x):  # fused blocks cut and joined where they are local (blocks_local)
+            return (blocks_local(from_matrix(dual(to_matrix(blocks_local(x, g, n), g)), g), g, n),)
+
+        return keeping_specs(one, [u], mesh)[0]
 
     def update_fn(updates, state, params=None, **extra_args):
         del params, extra_args

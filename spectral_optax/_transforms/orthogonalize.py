@@ -43,7 +43,9 @@ from jax.sharding import PartitionSpec as P
 from spectral_optax._duals.polar import (
     PRECONDITIONINGS,
     Coefficients,
+    default_compute_dtype,
     newton_schulz,
+    newton_schulz_method,
     resolve_coefficients,
 )
 from spectral_optax._geometry import (
@@ -55,13 +57,16 @@ from spectral_optax._geometry import (
     path_str,
     to_matrix,
 )
+from spectral_optax._plan import OrthogonalizationPlan, plan_group
 from spectral_optax._sharding import (
     AxisName,
     aval_mesh,
+    blocks_local,
     distribution_axes,
     explicit_spec,
     gathered,
-    is_explicit,
+    keeping_specs,
+    manual_axes,
     mesh_size,
     spec_axes,
 )
@@ -117,11 +122,12 @@ def orthogonalize_via_newton_schulz(
 
     Same-shape matrices across the tree (tall ones transposed) are processed
     as one batched :func:`~spectral_optax.newton_schulz` call. On a mesh of
-    ``N`` devices that batch is split over all of them: each device
-    orthogonalizes about ``1/N`` of the whole matrices (one all-to-all to
-    bring them, one to return the results to the parameters' shardings); a
-    leaf sharded only along its batch (stacked-layer) axes, or whose slice
-    count is a multiple of ``N``, is kept in place. A zero update stays zero; the
+    ``N`` devices the work follows one plan for the whole tree
+    (:func:`~spectral_optax.orthogonalization_plan`, docs/sharding.md): each
+    shape group is dealt to the devices as whole matrices, or, when it has
+    fewer matrices than devices or one costs more than a device's share, cut
+    along its long side over ``k`` devices with the short-side Gram matrix
+    summed over them every step. A zero update stays zero; the
     result has the update's dtype (the iteration runs in ``compute_dtype``).
 
     Args:
@@ -147,8 +153,8 @@ def orthogonalize_via_newton_schulz(
         (For a vector, ``d_in = 1`` and ``U V^T`` is the vector scaled to
         unit norm, i.e. ``sqrt(d_out)`` times RMS 1 under ``'spectral'``.)
       precision: ``jax.lax.Precision`` of the matmuls.
-      distribute: spread whole matrices over the devices of the updates'
-        mesh (jit with ``NamedSharding``; see docs/sharding.md). ``None``
+      distribute: spread the work over the devices of the updates' mesh by
+        the plan (jit with ``NamedSharding``; see docs/sharding.md). ``None``
         (default): whenever the updates live on a mesh of more than one
         device; ``False``: leave the partitioning to XLA (which shards every
         matmul of the iteration and all-gathers per step).
@@ -182,13 +188,15 @@ def orthogonalize_via_newton_schulz(
     gmap = as_geometry_map(geometry)
     kinds = tuple(kinds)
 
-    def orthogonalize(stacked):
+    plan_args = (ns_coefficients, ns_steps, compute_dtype, ns_method, precision)
+
+    def orthogonalize(stacked, method=None):
         return newton_schulz(
             stacked,
             ns_coefficients,
             steps=ns_steps,
             compute_dtype=compute_dtype,
-            method=ns_method,
+            method=method or ns_method,
             norm_safety=norm_safety,
             precision=precision,
             preconditioning=ns_preconditioning,
@@ -197,31 +205,22 @@ def orthogonalize_via_newton_schulz(
     def update_fn(updates, state, params=None, **extra_args):
         del params, extra_args
         flat, treedef = jax.tree_util.tree_flatten_with_path(updates)
-        idx = [i for i, (_, x) in enumerate(flat) if hasattr(x, "shape")]
-        geoms = gmap.resolve([path_str(flat[i][0]) for i in idx], [tuple(np.shape(flat[i][1])) for i in idx])
         out = [x for _, x in flat]
-        meshes = (aval_mesh(out[i]) for i, g in zip(idx, geoms) if g.kind in kinds)
-        mesh = next((m for m in meshes if m is not None), None)
+        groups = _groups(flat, gmap, kinds)
+        members = [member for group in groups.values() for member in group]
+        if not members:
+            return updates, state
+        mesh = next((m for m in (aval_mesh(out[i]) for i, _ in members) if m is not None), None)
         axes = distribution_axes(mesh)
-        # Group same-shape canonical matrices across the tree, tall ones transposed
-        # (NS(G^T) = NS(G)^T), so (256, 1024) and (1024, 256) share a batch. On Auto meshes,
-        # whose layouts are not in the types, only leaves of one shape and geometry are batched
-        # together (the best available proxy for one layout).
-        mixed_ok = not axes or is_explicit(mesh, axes)
-        groups: dict[tuple, list[tuple[int, Geometry]]] = {}
-        for i, g in zip(idx, geoms):
-            if g.kind in kinds and flat[i][1].size:
-                key = (min(g.d_in, g.d_out), max(g.d_in, g.d_out)) if mixed_ok else (g,)
-                groups.setdefault(key, []).append((i, g))
-        for members in groups.values():
-            if axes and distribute is not False:
-                results = _distributed(members, out, mesh, axes, orthogonalize)
-            elif axes and is_explicit(mesh, axes):  # XLA partitions the matmuls (needs Auto axes)
-                results = _on_auto_axes(members, out, mesh, axes, orthogonalize)
-            else:
-                results = _batched([_wide(out[i], g) for i, g in members], orthogonalize)
-            for (i, g), block in zip(members, results):
-                out[i] = _finish(block, g, scale, out[i].dtype)
+        leaves = [out[i] for i, _ in members]
+        if axes and distribute is not False and not manual_axes(mesh):
+            plan = _plan(groups, flat, mesh_size(mesh, axes), *plan_args)
+            specs = [explicit_spec(x, x.ndim) for x in leaves]
+            run = lambda *xs: _run_plan(groups, plan, xs, orthogonalize, scale, compute_dtype, ns_coefficients, specs)
+        else:  # one device, inside shard_map, or distribute=False (XLA partitions the matmuls)
+            run = lambda *xs: _run_batched(groups, xs, orthogonalize, scale)
+        for (i, _), y in zip(members, keeping_specs(run, leaves, mesh)):
+            out[i] = y
         return jax.tree_util.tree_unflatten(treedef, out), state
 
     update_fn = gathered(update_fn, axis_name)
@@ -229,8 +228,128 @@ def orthogonalize_via_newton_schulz(
 
 
 # --------------------------------------------------------------------------
-# Batching and distribution.
+# Grouping, the plan, batching and distribution.
 # --------------------------------------------------------------------------
+def _groups(flat, gmap, kinds) -> dict[tuple[int, int], list[tuple[int, Geometry]]]:
+    """The orthogonalized leaves by the shape ``(m, n)``, ``m <= n``, of their wide matrices (tall
+    ones transposed, ``NS(G^T) = NS(G)^T``, so ``(256, 1024)`` and ``(1024, 256)`` share a batch):
+    ``{(m, n): [(leaf index, geometry), ...]}``."""
+    idx = [i for i, (_, x) in enumerate(flat) if hasattr(x, "shape")]
+    geoms = gmap.resolve([path_str(flat[i][0]) for i in idx], [tuple(np.shape(flat[i][1])) for i in idx])
+    groups: dict[tuple[int, int], list[tuple[int, Geometry]]] = {}
+    for i, g in zip(idx, geoms):
+        if g.kind in kinds and math.prod(g.shape):
+            groups.setdefault((min(g.d_in, g.d_out), max(g.d_in, g.d_out)), []).append((i, g))
+    return groups
+
+
+def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, precision) -> dict:
+    """One :class:`~spectral_optax._plan.GroupPlan` per group (decided at trace time)."""
+    spec = resolve_coefficients(coefficients, steps)
+    n_steps = None if callable(spec) else len(spec[0])
+    cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else jnp.dtype(default_compute_dtype())
+    plans = {}
+    for (m, n), members in groups.items():
+        dtype = jnp.dtype(jnp.result_type(*[flat[i][1].dtype for i, _ in members]))
+        move = min(dtype.itemsize, cdtype.itemsize) if n_steps else dtype.itemsize
+        whole = newton_schulz_method(m, n, n_steps, cdtype, method, precision) if n_steps else "standard"
+        plans[(m, n)] = plan_group(
+            m, n, sum(g.num_slices for _, g in members), devices, steps=n_steps, method=whole,
+            compute_itemsize=cdtype.itemsize, move_itemsize=move,
+            paths=tuple(path_str(flat[i][0]) for i, _ in members),
+        )  # fmt: skip
+    return plans
+
+
+def _move_dtype(dtype, compute_dtype, coefficients):
+    """Matrices travel in the iteration's dtype when it is narrower (bfloat16 on GPU/TPU)."""
+    if callable(coefficients):
+        return dtype
+    cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else jnp.dtype(default_compute_dtype())
+    return cdtype if cdtype.itemsize < jnp.dtype(dtype).itemsize else dtype
+
+
+def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coefficients, specs=None):
+    """Every group orthogonalized as its plan says; the finished leaves, in ``groups`` order.
+
+    A group's wide matrices are stacked to ``(B, m, n)``, zero-padded to ``B'``
+    (a multiple of the ``N / k`` owner groups) and ``n'`` (a multiple of ``k``;
+    zero columns stay zero and change neither the Gram matrix nor the norms),
+    and constrained to ``P(owners, None, split)`` on the devices viewed as an
+    ``(N / k, k)`` mesh: XLA moves every matrix to its owners (all-to-all from
+    FSDP / tensor-parallel layouts), the iteration runs on local blocks, its
+    Gram products contracting the split columns become one all-reduce over
+    the ``k`` devices per step, and each result goes back to its leaf's layout
+    (``shard_alike`` with the input; on ``Explicit`` meshes the leaf's
+    ``PartitionSpec`` as the output sharding).
+    """
+    out, it = [], iter(leaves)
+    spec_it = iter(specs or [None] * len(leaves))
+    for key, members in groups.items():
+        gp = plan[key]
+        devices = gp.owners * gp.split
+        xs = [next(it) for _ in members]
+        ss = [next(spec_it) for _ in members]
+        mats = [_via_one_axis(_wide_to_move(x, g, devices), sp, devices) for x, (_, g), sp in zip(xs, members, ss)]
+        dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
+        stacked = jnp.concatenate([m.astype(dtype) for m in mats], axis=0) if len(mats) > 1 else mats[0].astype(dtype)
+        total, n = stacked.shape[0], stacked.shape[2]
+        pad_b, pad_n = -total % gp.owners, -n % gp.split
+        if pad_b or pad_n:
+            stacked = jnp.pad(stacked, ((0, pad_b), (0, 0), (0, pad_n)))
+        mesh = jax.sharding.AbstractMesh(
+            (gp.owners, gp.split), ("_owners", "_split"), axis_types=(jax.sharding.AxisType.Auto,) * 2
+        )
+        owned = jax.sharding.NamedSharding(mesh, P("_owners", None, "_split" if gp.split > 1 else None))
+        stacked = jax.lax.with_sharding_constraint(stacked, owned)
+        ortho = jax.lax.with_sharding_constraint(orthogonalize(stacked, gp.method if gp.split > 1 else None), owned)
+        ortho = ortho[:total, :, :n] if pad_b or pad_n else ortho
+        start = 0
+        for x, (_, g), sp in zip(xs, members, ss):
+            block = _finish(_via_one_axis(ortho[start : start + g.num_slices], sp, devices), g, scale, x.dtype)
+            block = blocks_local(block, g, devices)  # fused blocks joined locally, then one all-to-all
+            start += g.num_slices
+            out.append(shard_alike(block, x)[0])
+    return tuple(out)
+
+
+def _wide_to_move(x, g: Geometry, devices: int):
+    """The wide view of a leaf about to be moved to its owners; with fused fan-out blocks
+    (``fan_out_splits > 1``, QKV) cut locally (:func:`~spectral_optax._sharding.blocks_local`) and
+    materialized (``optimization_barrier``): XLA's CPU backend otherwise fuses the block
+    transposition into the all-to-all and fails its own verifier (GPT-2 XL ``c_attn`` on 64
+    devices: "all-to-all has operands with different shapes")."""
+    if g.fan_out_splits == 1:
+        return _wide(x, g)
+    return jax.lax.optimization_barrier(_wide(blocks_local(x, g, devices), g))
+
+
+def _via_one_axis(m, spec, devices: int):
+    """A wide view ``(slices, m, n)`` of a leaf whose (Explicit) ``spec`` shards it over several mesh
+    axes (FSDP x tensor parallel) resharded with its rows (else columns) over all devices, on its way
+    to or from the owners: XLA's partitioner cannot move a 2-D tiling to the owners' 1-D one directly
+    and would replicate the whole stack instead ("involuntary full rematerialization")."""
+    if len({a for entry in (spec or ()) for a in spec_axes(entry)}) < 2:
+        return m
+    rows = m.shape[1] % devices == 0
+    if not rows and m.shape[2] % devices:
+        return m
+    flat = jax.sharding.AbstractMesh((devices,), ("_devices",), axis_types=(jax.sharding.AxisType.Auto,))
+    dims = (None, "_devices", None) if rows else (None, None, "_devices")
+    return jax.lax.with_sharding_constraint(m, jax.sharding.NamedSharding(flat, P(*dims)))
+
+
+def _run_batched(groups, leaves, orthogonalize, scale):
+    """Every group as one batched call where it is (one device, shard_map blocks, or XLA's
+    partitioning of every matmul with ``distribute=False``)."""
+    out, it = [], iter(leaves)
+    for members in groups.values():
+        xs = [next(it) for _ in members]
+        blocks = _batched([_wide(x, g) for x, (_, g) in zip(xs, members)], orthogonalize)
+        out.extend(_finish(b, g, scale, x.dtype) for b, x, (_, g) in zip(blocks, xs, members))
+    return tuple(out)
+
+
 def _wide(x, g: Geometry):
     """The canonical view ``(num_slices, d_in, d_out)``, transposed to ``m <= n``."""
     m = to_matrix(x, g)
@@ -238,7 +357,7 @@ def _wide(x, g: Geometry):
 
 
 def _finish(block, g: Geometry, scale, dtype):
-    """``scale(g) * block`` back in the leaf's shape and dtype."""
+    """``scale(g) * block`` (wide) back in the leaf's shape and dtype."""
     if g.d_in > g.d_out:
         block = jnp.swapaxes(block, 1, 2)
     factor = orthogonal_update_scale(g, scale)
@@ -246,162 +365,59 @@ def _finish(block, g: Geometry, scale, dtype):
     return from_matrix(block, g)
 
 
-def _batched(mats, orthogonalize, pad_to: int = 1, constrain=None):
-    """Concatenate ``mats`` on the slice axis (zero-padded to a multiple of
-    ``pad_to``), orthogonalize once, split back."""
+def _batched(mats, orthogonalize):
+    """Concatenate ``mats`` on the slice axis, orthogonalize once, split back."""
     dtype = jnp.result_type(*mats)
-    mats = [m.astype(dtype) for m in mats]
-    total = sum(m.shape[0] for m in mats)
-    pad = -total % pad_to
-    if pad:
-        mats = mats + [jnp.zeros((pad,) + mats[0].shape[1:], dtype)]
-    stacked = mats[0] if len(mats) == 1 else jnp.concatenate(mats, axis=0)
-    if constrain is not None:
-        stacked = constrain(stacked)
+    stacked = mats[0] if len(mats) == 1 else jnp.concatenate([m.astype(dtype) for m in mats], axis=0)
     ortho = orthogonalize(stacked)
-    if constrain is not None:
-        ortho = constrain(ortho)
     if len(mats) == 1:
         return [ortho]
     blocks, start = [], 0
-    for m in mats[: len(mats) - (1 if pad else 0)]:
+    for m in mats:
         blocks.append(ortho[start : start + m.shape[0]])
         start += m.shape[0]
     return blocks
 
 
-def _in_place(x, g: Geometry, spec) -> bool:
-    """True when the leaf's known spec shards its batch axes only (so its slices are local)."""
-    if spec is None:
-        return False
-    matrix_axes = set(g.fan_in_axes) | set(g.fan_out_axes)
-    sharded = [d for d, entry in enumerate(spec) if spec_axes(entry)]
-    return bool(sharded) and not any(d in matrix_axes for d in sharded)
+def orthogonalization_plan(
+    updates,
+    *,
+    devices: int | None = None,
+    geometry: GeometryLike = None,
+    ns_coefficients: Coefficients = "quintic",
+    ns_steps: int | None = None,
+    compute_dtype: Any = None,
+    ns_method: str = "auto",
+    kinds: Sequence[str] = KINDS,
+    precision: Any = None,
+) -> OrthogonalizationPlan:
+    """The plan :func:`orthogonalize_via_newton_schulz` follows for ``updates`` on ``devices`` devices.
 
+    ``print(orthogonalization_plan(params))`` shows, for every group of
+    same-shape matrices, the split ``k`` (devices sharing one matrix), the
+    owner groups, the matrices per device and the predicted flops and bytes
+    per device (the cost model and its formula: docs/sharding.md, "The plan").
 
-def _wide_spec(spec, g: Geometry):
-    """The ``PartitionSpec`` of the wide canonical view ``(slices, m, n)`` of a leaf with ``spec``,
-    or ``None`` when it is not a plain one (several sharded fan-in / fan-out axes, fused blocks)."""
-    if spec is None:
-        return None
-    entry = lambda axes_: [spec[a] for a in axes_ if spec_axes(spec[a])]
-    fan_in, fan_out, batch = entry(g.fan_in_axes), entry(g.fan_out_axes), entry(g.batch_axes)
-    if len(fan_in) > 1 or len(fan_out) > 1 or batch or (fan_out and g.fan_out_splits > 1):
-        return None
-    rows, cols = (fan_in or [None])[0], (fan_out or [None])[0]
-    if g.d_in > g.d_out:
-        rows, cols = cols, rows
-    return P(None, rows, cols)
+    Args:
+      updates: a tree of arrays or ``jax.ShapeDtypeStruct`` (shapes, dtypes and, for the device
+        count, shardings as the updates will have them; parameters have the same).
+      devices: number of devices the work is spread over; ``None``: every device of the mesh in
+        the leaves' shardings, excluding ``Manual`` axes (1 when there is none).
+      geometry: as in :func:`orthogonalize_via_newton_schulz`.
+      ns_coefficients: as in :func:`orthogonalize_via_newton_schulz`.
+      ns_steps: as in :func:`orthogonalize_via_newton_schulz`.
+      compute_dtype: as in :func:`orthogonalize_via_newton_schulz`.
+      ns_method: as in :func:`orthogonalize_via_newton_schulz`.
+      kinds: as in :func:`orthogonalize_via_newton_schulz`.
+      precision: as in :func:`orthogonalize_via_newton_schulz`.
 
-
-def _distributed(members, out, mesh, axes, orthogonalize):
-    """Orthogonalize a same-shape group with each device owning ~1/N of the matrices.
-
-    The wide views of the group's leaves are stacked to ``(B, m, n)``
-    (zero-padded to a multiple of ``N``) and constrained to ``P(axes, None,
-    None)``: XLA moves every matrix whole to its owner (one all-to-all from
-    FSDP / tensor-parallel layouts), each device runs the iteration on its own
-    matrices, and the stack is constrained back to the leaves' common layout
-    (one all-to-all) before it is split, so every leaf keeps its sharding. On
-    ``Explicit`` meshes the layouts are read from the types and the shuffle
-    runs under ``jax.sharding.auto_axes`` with each leaf's ``PartitionSpec``
-    as its output sharding. On ``Auto`` meshes the layouts are not in the
-    types: the result stack is constrained to an unsplit batch axis with
-    unconstrained matrix axes, so XLA brings each matrix back (one
-    all-to-all) in the layout it propagates from the parameters (same-shape
-    leaves of different layouts may come back in one of them).
+    Returns:
+      An :class:`~spectral_optax.OrthogonalizationPlan` (``str()`` prints the table).
     """
-    explicit = is_explicit(mesh, axes)
-    specs = [explicit_spec(out[i], out[i].ndim) if explicit else None for i, _ in members]
-    results: list[Any] = [None] * len(members)
-
-    # Leaves already sharded along batch (stacked-layer) axes only: no communication.
-    subgroups: dict[Any, list[int]] = {}
-    for k, ((i, g), spec) in enumerate(zip(members, specs)):
-        if _in_place(out[i], g, spec):
-            results[k] = orthogonalize(_wide(out[i], g))
-        else:
-            key = _wide_spec(spec, g) if explicit else None
-            subgroups.setdefault(key, []).append(k)
-
-    def named(spec):
-        return spec if explicit else jax.sharding.NamedSharding(mesh, spec)
-
-    for layout, ks in subgroups.items():
-        owners = _owner_axes(mesh, axes, sum(members[k][1].num_slices for k in ks))
-        n_dev = mesh_size(mesh, owners)
-        batch_spec = P(owners if len(owners) > 1 else (owners[0] if owners else None), None, None)
-
-        def shuffle(*leaves, ks=ks, layout=layout, n_dev=n_dev, batch_spec=batch_spec):
-            mats = [_wide(x, members[k][1]) for x, k in zip(leaves, ks)]
-            dtype = jnp.result_type(*mats)
-            stacked = jnp.concatenate([m.astype(dtype) for m in mats], axis=0) if len(mats) > 1 else mats[0]
-            if layout is not None:
-                stacked = jax.lax.with_sharding_constraint(stacked, named(layout))
-            total = stacked.shape[0]
-            pad = -total % n_dev
-            owned = jnp.pad(stacked, ((0, pad), (0, 0), (0, 0))) if pad else stacked
-            owned = jax.lax.with_sharding_constraint(owned, named(batch_spec))
-            ortho = jax.lax.with_sharding_constraint(orthogonalize(owned), named(batch_spec))
-            ortho = ortho[:total] if pad else ortho
-            if layout is not None:
-                ortho = jax.lax.with_sharding_constraint(ortho, named(layout))
-            else:  # layouts unknown (Auto): batch axis whole, matrix axes as XLA propagates them
-                free = P.UNCONSTRAINED
-                ortho = jax.lax.with_sharding_constraint(ortho, named(P(None, free, free)))
-            blocks, start = [], 0
-            for x, k in zip(leaves, ks):
-                g = members[k][1]
-                block = _back(ortho[start : start + g.num_slices], g)
-                start += g.num_slices
-                if layout is None:  # Auto: each result in its input's layout
-                    block, _ = shard_alike(block, x)
-                blocks.append(block)
-            return tuple(blocks)
-
-        leaves = [out[members[k][0]] for k in ks]
-        if explicit:
-            out_specs = tuple(specs[k] if specs[k] is not None else P() for k in ks)
-            with jax.sharding.use_abstract_mesh(mesh):
-                done = jax.sharding.auto_axes(shuffle, axes=axes, out_sharding=out_specs)(*leaves)
-        else:
-            done = shuffle(*leaves)
-        for k, block in zip(ks, done):
-            results[k] = _wide(block, members[k][1])
-    return results
-
-
-def _back(block, g: Geometry):
-    """Wide ``(num_slices, m, n)`` block -> the leaf's shape (unscaled)."""
-    if g.d_in > g.d_out:
-        block = jnp.swapaxes(block, 1, 2)
-    return from_matrix(block, g)
-
-
-def _owner_axes(mesh, axes, num_matrices: int) -> tuple[str, ...]:
-    """The mesh axes a batch of ``num_matrices`` is spread over: the subset of
-    ``axes`` with the most devices ``n <= num_matrices`` (ties: least padding).
-    A batch smaller than every axis is computed whole on every device."""
-    best: tuple[int, int, tuple[str, ...]] = (1, 0, ())
-    for mask in range(1, 1 << len(axes)):
-        subset = tuple(a for j, a in enumerate(axes) if mask >> j & 1)
-        n = mesh_size(mesh, subset)
-        if n <= num_matrices and (n, -(-num_matrices % n)) > best[:2]:
-            best = (n, -(-num_matrices % n), subset)
-    return best[2]
-
-
-def _on_auto_axes(members, out, mesh, axes, orthogonalize):
-    """``distribute=False`` on an ``Explicit`` mesh: the batched iteration under
-    ``jax.sharding.auto_axes`` (XLA partitions each matmul, as on ``Auto``
-    meshes), every result in its leaf's ``PartitionSpec``."""
-    leaves = [out[i] for i, _ in members]
-    specs = tuple(explicit_spec(x, x.ndim) or P() for x in leaves)
-
-    def run(*xs):
-        blocks = _batched([_wide(x, g) for x, (_, g) in zip(xs, members)], orthogonalize)
-        return tuple(_back(b, g) for b, (_, g) in zip(blocks, members))
-
-    with jax.sharding.use_abstract_mesh(mesh):
-        done = jax.sharding.auto_axes(run, axes=axes, out_sharding=specs)(*leaves)
-    return [_wide(x, g) for x, (_, g) in zip(done, members)]
+    flat, _ = jax.tree_util.tree_flatten_with_path(updates)
+    groups = _groups(flat, as_geometry_map(geometry), tuple(kinds))
+    if devices is None:
+        mesh = next((m for m in (aval_mesh(x) for _, x in flat) if m is not None), None)
+        devices = mesh_size(mesh, distribution_axes(mesh)) if mesh is not None else 1
+    plans = _plan(groups, flat, devices, ns_coefficients, ns_steps, compute_dtype, ns_method, precision)
+    return OrthogonalizationPlan(devices, tuple(plans.values()))

@@ -1,0 +1,220 @@
+"""Optimizer steps at pod scale, compiled only: flops, collective bytes and memory per device.
+
+Nothing runs, so any pod size is simulated on one host: ``--devices N`` host
+CPU devices, a mesh ``('data',)`` (or ``('data', 'model')`` with ``--tp K``),
+every parameter a ``jax.ShapeDtypeStruct(shape, float32, sharding=...)``
+with FSDP specs (the largest axis divisible by the ``data`` size; with
+``--tp`` the other matrix axis over ``model``, Megatron style: fan-out for
+q / k / v / gate / up / c_attn / c_fc, fan-in for o / down / c_proj), and
+the step ``p -> apply_updates(p, tx.update(g, tx.init(p), p)[0])`` lowered and
+compiled with ``jax.jit(step).lower(g, p).compile()``. Read from the compiled
+program, per optimizer (``muon``, ``muon(distribute=False)``,
+``optax.contrib.muon``, ``optax.adamw``, ``moga``):
+
+* ``flops_ratio``: ``cost_analysis()['flops']`` (per device) over the same
+  step compiled on one device, divided by ``N``;
+* ``bytes_ratio``: operand bytes of every collective in ``as_text()`` over the
+  device's float32 parameter shard;
+* ``temp_gib``: ``memory_analysis().temp_size_in_bytes`` (and its ratio to the shard
+  and to the largest single matrix of the tree in float32);
+* ``compile_s``: lower + compile wall time (CPU-bound; machine-dependent);
+* ``step_share``: the optimizer's per-device flops over the forward-backward's,
+  ``6 x params x tokens / N`` at ``--tokens`` tokens per step.
+
+Trees: ``gpt2xl`` (d 1600, 48 blocks, fused ``c_attn`` (d, 3d), tied
+embedding), ``llama1b`` (d 2048, 16 blocks, q / k / v / o, SwiGLU 8192, vocab
+32000, untied head), ``llama7b`` (d 4096, 32 blocks, SwiGLU 11008, vocab
+32000, untied head). ``--scan``: every block parameter stacked on a leading
+layer axis (``nn.scan`` layout), its geometry given as an override.
+
+``python -m benchmarks.pod_scale --devices N --tree gpt2xl|llama1b|llama7b [--scan] [--tp K]
+[--mesh explicit|auto] [--optimizers a,b] [--plan] --json PATH``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+from benchmarks import _devices
+
+_devices.early_flags()  # --devices N: before JAX starts
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import spectral_optax as so  # noqa: E402
+from benchmarks.sharded_speed import collective_bytes  # noqa: E402
+
+TREES = {  # d, blocks, MLP width, vocab, kind
+    "gpt2xl": (1600, 48, 6400, 50304, "gpt2"),
+    "llama1b": (2048, 16, 8192, 32000, "llama"),
+    "llama7b": (4096, 32, 11008, 32000, "llama"),
+}
+#: parameter names whose fan-out (else fan-in) is split over 'model' with --tp (Megatron layout)
+COLUMN_PARALLEL = ("q", "k", "v", "gate", "up", "c_attn", "c_fc")
+
+OPTIMIZERS = {
+    "muon": lambda geometry: so.muon(0.02, geometry=geometry),
+    "muon(distribute=False)": lambda geometry: so.muon(0.02, geometry=geometry, distribute=False),
+    "optax.contrib.muon": lambda geometry: optax.contrib.muon(0.02),
+    "optax.adamw": lambda geometry: optax.adamw(1e-3),
+    "moga": lambda geometry: so.moga(0.01, geometry=geometry),
+}
+
+
+def tree_shapes(name: str, scan: bool = False):
+    """``(shapes, geometry overrides)``: a nested dict of shape tuples, Flax-style names."""
+    d, blocks, f, vocab, kind = TREES[name]
+    if kind == "gpt2":
+        block = {
+            "ln_1": {"scale": (d,), "bias": (d,)}, "ln_2": {"scale": (d,), "bias": (d,)},
+            "attn": {"c_attn": {"kernel": (d, 3 * d), "bias": (3 * d,)}, "c_proj": {"kernel": (d, d), "bias": (d,)}},
+            "mlp": {"c_fc": {"kernel": (d, f), "bias": (f,)}, "c_proj": {"kernel": (f, d), "bias": (d,)}},
+        }  # fmt: skip
+        top = {"wte": {"embedding": (vocab, d)}, "wpe": {"embedding": (1024, d)}, "ln_f": {"scale": (d,), "bias": (d,)}}
+    else:
+        block = {
+            "attn_norm": {"scale": (d,)}, "mlp_norm": {"scale": (d,)},
+            "attn": {n: {"kernel": (d, d)} for n in ("q", "k", "v", "o")},
+            "mlp": {"gate": {"kernel": (d, f)}, "up": {"kernel": (d, f)}, "down": {"kernel": (f, d)}},
+        }  # fmt: skip
+        top = {"embed": {"embedding": (vocab, d)}, "norm": {"scale": (d,)}, "lm_head": {"kernel": (d, vocab)}}
+    is_shape = lambda s: isinstance(s, tuple)
+    geometry: dict = {}
+    if scan:
+        top["blocks"] = jax.tree.map(lambda s: (blocks, *s), block, is_leaf=is_shape)
+        geometry[r"^blocks/.*/kernel$"] = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
+        if kind == "gpt2":
+            geometry[r"^blocks/.*/c_attn/kernel$"] = {**geometry[r"^blocks/.*/kernel$"], "fan_out_splits": 3}
+        geometry[r"^blocks/.*(scale|bias)$"] = {"kind": "vector", "fan_out_axes": (-1,)}
+    else:
+        top.update({f"h{i}": block for i in range(blocks)})
+    return top, geometry
+
+
+def partition_specs(shapes, data: int, tp: int):
+    """FSDP over 'data' on the largest divisible axis (and Megatron TP over 'model' with ``tp > 1``)."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda s: isinstance(s, tuple))
+    specs = []
+    for path, shape in flat:
+        entries: list = [None] * len(shape)
+        names = [getattr(k, "key", "") for k in path]
+        if tp > 1 and len(shape) >= 2:
+            axis = len(shape) - 1 if names[-2] in COLUMN_PARALLEL or names[-1] == "embedding" else len(shape) - 2
+            if shape[axis] % tp == 0:
+                entries[axis] = "model"
+        free = [a for a in range(len(shape)) if entries[a] is None and shape[a] % data == 0]
+        if free and data > 1:
+            entries[max(free, key=lambda a: (shape[a], -a))] = "data"
+        specs.append(P(*entries))
+    return jax.tree_util.tree_unflatten(treedef, specs)
+
+
+def _costs(compiled):
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    mem = compiled.memory_analysis()
+    return (float((cost or {}).get("flops", 0.0)), int(sum(collective_bytes(compiled.as_text()).values())),
+            int(getattr(mem, "temp_size_in_bytes", 0)))  # fmt: skip
+
+
+def compile_step(tx, params):
+    """Lower and compile the step; ``(flops, collective bytes, temp bytes, seconds)``."""
+
+    def step(g, p):
+        updates, _ = tx.update(g, tx.init(p), p)
+        return optax.apply_updates(p, updates)
+
+    t0 = time.perf_counter()
+    compiled = jax.jit(step).lower(params, params).compile()
+    seconds = time.perf_counter() - t0
+    return (*_costs(compiled), seconds)
+
+
+def measure(tree: str, n: int, mesh_kind: str = "explicit", tp: int = 1, scan: bool = False,
+            optimizers=None, tokens: int = 2**20, plan: bool = False) -> list[dict]:  # fmt: skip
+    shapes, geometry = tree_shapes(tree, scan)
+    is_shape = lambda s: isinstance(s, tuple)
+    mode = AxisType.Explicit if mesh_kind == "explicit" else AxisType.Auto
+    if n % tp:
+        raise SystemExit(f"--tp {tp} must divide --devices {n}")
+    axis_shape, names = ((n // tp, tp), ("data", "model")) if tp > 1 else ((n,), ("data",))
+    mesh = jax.make_mesh(axis_shape, names, axis_types=(mode,) * len(names), devices=jax.devices()[:n])
+    specs = partition_specs(shapes, n // tp, tp)
+    sharded = jax.tree.map(lambda s, sp: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, sp)),
+                           shapes, specs, is_leaf=is_shape)  # fmt: skip
+    plain = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), shapes, is_leaf=is_shape)
+    sizes = dict(zip(names, axis_shape))
+    shard_bytes = sum(
+        4 * math.prod(s) / math.prod(sizes[a] for e in sp for a in ((e,) if isinstance(e, str) else (e or ())))
+        for s, sp in zip(jax.tree.leaves(shapes, is_leaf=is_shape), jax.tree.leaves(specs))
+    )
+    num_params = sum(math.prod(s) for s in jax.tree.leaves(shapes, is_leaf=is_shape))
+    largest = 4 * max(
+        math.prod(g.shape) // g.num_slices for _, g in so.as_geometry_map(geometry).leaves(plain) if g.kind == "matrix"
+    )
+    fwd_bwd = 6 * num_params * tokens / n
+    if plan:
+        print(so.orthogonalization_plan(sharded, geometry=geometry, kinds=("matrix",)))  # muon's default routes
+    rows = []
+    for name, make in OPTIMIZERS.items():
+        if optimizers and name not in optimizers:
+            continue
+        tx = make(geometry)
+        row: dict = {"tree": tree, "scan": scan, "devices": n, "tp": tp, "mesh": mesh_kind, "optimizer": name,
+                     "params": num_params, "shard_bytes": shard_bytes, "largest_matrix_bytes": largest}  # fmt: skip
+        try:
+            ref_flops, _, _, ref_s = compile_step(tx, plain)
+            with jax.set_mesh(mesh):
+                flops, comm, temp, seconds = compile_step(tx, sharded)
+        except Exception as e:  # noqa: BLE001  (a layout an optimizer does not compile on)
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            continue
+        row.update({
+            "flops_per_device": flops, "one_device_flops": ref_flops,
+            "flops_ratio": flops / (ref_flops / n) if ref_flops else None,
+            "collective_bytes": comm, "bytes_ratio": comm / shard_bytes,
+            "temp_bytes": temp, "temp_gib": temp / 2**30, "temp_over_shard": temp / shard_bytes,
+            "temp_over_largest": temp / largest, "compile_s": seconds, "one_device_compile_s": ref_s,
+            "tokens": tokens, "step_share": flops / fwd_bwd,
+        })  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", type=int, required=True, help="N host CPU devices (set before JAX starts)")
+    ap.add_argument("--tree", choices=sorted(TREES), default="llama1b")
+    ap.add_argument("--scan", action="store_true", help="stacked (nn.scan) block parameters, layer axis first")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size: a ('data', 'model') = (N/K, K) mesh")
+    ap.add_argument("--mesh", choices=("explicit", "auto"), default="explicit")
+    ap.add_argument("--optimizers", default=None, help=f"comma-separated subset of {list(OPTIMIZERS)}")
+    ap.add_argument("--tokens", type=int, default=2**20, help="tokens per step for the step share (default 1M)")
+    ap.add_argument("--plan", action="store_true", help="print so.orthogonalization_plan first")
+    ap.add_argument("--json", default=None, help="write the rows here")
+    args = ap.parse_args(argv)
+    if jax.device_count() < args.devices:
+        raise SystemExit(f"--devices {args.devices}: only {jax.device_count()} devices (set it before JAX starts)")
+    opts = args.optimizers.split(",") if args.optimizers else None
+    rows = measure(args.tree, args.devices, args.mesh, args.tp, args.scan, opts, args.tokens, args.plan)
+    if args.json:
+        meta = {"jax": jax.__version__, "backend": jax.default_backend(), "argv": argv,
+                "date": time.strftime("%Y-%m-%d", time.gmtime())}  # fmt: skip
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""The whole-tree plan of the distributed orthogonalization (docs/sharding.md, "The plan").
+
+Every orthogonalized matrix is read in its wide form ``m x n`` (``m <= n``)
+and same-shape matrices across the tree form one group of ``B`` matrices.
+On ``N`` devices each group gets a split factor ``k`` (a divisor of ``N``):
+the devices are viewed as ``N / k`` owner groups of ``k`` devices each, the
+``B`` matrices are dealt to the owner groups (``ceil(B k / N)`` per group) and
+each matrix is cut along its long side into ``k`` column blocks, one per
+device of its owner group. With ``k = 1`` every device owns whole matrices
+and runs the iteration alone; with ``k > 1`` the short-side Gram matrix
+``X X^T`` (``m x m``) of every step is summed over the ``k`` devices (one
+all-reduce per step), each device updating its own columns.
+
+Cost per device of one quintic step on a block ``m x c`` (the standard
+iteration, :func:`spectral_optax.newton_schulz`): ``4 m^2 c + 2 m^3`` flops
+(Gram, its square, the update), so a split divides only the first term. The
+plan picks, per group, the ``k`` minimizing::
+
+    flops(k) + FLOPS_PER_BYTE * gram_bytes(k),
+    flops(k)      = ceil(B k / N) * (whole-matrix flops          if k = 1,
+                                     steps (4 m^2 ceil(n/k) + 2 m^3) if k > 1),
+    gram_bytes(k) = ceil(B k / N) * steps * m^2 * itemsize(compute dtype)   (k > 1).
+
+Every device runs every group's program (one SPMD program), so the flops of
+a device are the sum over groups of ``flops(k)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from spectral_optax._duals.polar import newton_schulz_flops
+
+#: Flops worth one byte through a collective: about an H100's dense bfloat16
+#: rate (~1e15 flop/s) over its NVLink bandwidth per direction (~450 GB/s).
+FLOPS_PER_BYTE = 2000.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupPlan:
+    """How one group of same-shape (wide, ``m <= n``) matrices is spread over the devices.
+
+    Attributes:
+      m: short side.
+      n: long side.
+      count: number of matrices ``B`` in the group.
+      split: ``k``, the devices sharing one matrix (its columns cut in ``k`` blocks).
+      owners: ``N / k`` owner groups the matrices are dealt to.
+      method: ``'standard'`` or ``'gram'`` (the iteration run; split matrices run ``'standard'``).
+      flops: predicted matmul flops per device.
+      whole_flops: flops of the whole group on one device.
+      gram_bytes: bytes per device through the Gram all-reduces (``0`` when ``k = 1``).
+      move_bytes: bytes per device moving the group's matrices to their owners and back
+        (an upper bound: the device's share of the group, twice, in the moved dtype).
+      paths: the parameter paths whose slices are in the group.
+    """
+
+    m: int
+    n: int
+    count: int
+    split: int
+    owners: int
+    method: str
+    flops: float
+    whole_flops: float
+    gram_bytes: float
+    move_bytes: float
+    paths: tuple[str, ...]
+
+    @property
+    def per_device(self) -> int:
+        """Matrices (or column blocks of them, when ``split > 1``) held by one device."""
+        return -(-self.count // self.owners)
+
+
+@dataclasses.dataclass(frozen=True)
+class OrthogonalizationPlan:
+    """The whole-tree plan: one :class:`GroupPlan` per shape group; ``print(plan)`` shows it.
+
+    Attributes:
+      devices: number ``N`` of devices the work is spread over.
+      groups: one :class:`GroupPlan` per group of same-shape matrices.
+    """
+
+    devices: int
+    groups: tuple[GroupPlan, ...]
+
+    @property
+    def flops_per_device(self) -> float:
+        """Predicted flops of the busiest device (every device runs every group)."""
+        return float(sum(g.flops for g in self.groups))
+
+    @property
+    def total_flops(self) -> float:
+        """Flops of the whole orthogonalization on one device."""
+        return float(sum(g.whole_flops for g in self.groups))
+
+    @property
+    def bytes_per_device(self) -> float:
+        """Predicted bytes per device through collectives (moves and Gram all-reduces)."""
+        return float(sum(g.gram_bytes + g.move_bytes for g in self.groups))
+
+    def __str__(self) -> str:
+        n = self.devices
+        lines = [
+            f"orthogonalization plan on {n} device(s): {len(self.groups)} group(s), "
+            f"{sum(g.count for g in self.groups)} matrices",
+            f"{'m x n':>15} {'count':>6} {'split':>5} {'owners':>6} {'per dev':>7} {'method':>8} "
+            f"{'GFLOP/dev':>10} {'MiB gram':>9} {'MiB move':>9}  paths",
+        ]
+        for g in self.groups:
+            paths = ", ".join(g.paths[:2]) + (f", ... ({len(g.paths)})" if len(g.paths) > 2 else "")
+            lines.append(
+                f"{f'{g.m} x {g.n}':>15} {g.count:>6} {g.split:>5} {g.owners:>6} {g.per_device:>7} "
+                f"{g.method:>8} {g.flops / 1e9:>10.2f} {g.gram_bytes / 2**20:>9.1f} "
+                f"{g.move_bytes / 2**20:>9.1f}  {paths}"
+            )
+        ideal = self.total_flops / n
+        ratio = self.flops_per_device / ideal if ideal else 1.0
+        lines.append(
+            f"per device: {self.flops_per_device / 1e9:.2f} GFLOP ({ratio:.3f}x the one-device "
+            f"{self.total_flops / 1e9:.2f} GFLOP / {n}), {self.bytes_per_device / 2**20:.1f} MiB through collectives"
+        )
+        return "\n".join(lines)
+
+
+def plan_group(
+    m: int,
+    n: int,
+    count: int,
+    devices: int,
+    *,
+    steps: int | None,
+    method: str,
+    compute_itemsize: int,
+    move_itemsize: int,
+    paths: tuple[str, ...] = (),
+) -> GroupPlan:
+    """The cheapest split ``k`` of one group (module docstring); ``steps=None``
+    (a user orthogonalization function) allows whole matrices only.
+
+    Args:
+      m: short side of the group's matrices.
+      n: long side.
+      count: number of matrices.
+      devices: number ``N`` of devices.
+      steps: Newton-Schulz steps, or ``None`` for a user function (cost unknown).
+      method: the whole-matrix iteration (``'standard'`` or ``'gram'``).
+      compute_itemsize: bytes per element of the iteration's dtype (the Gram all-reduces).
+      move_itemsize: bytes per element of the moved matrices.
+      paths: parameter paths, for printing.
+    """
+    whole = newton_schulz_flops(m, n, steps, method) if steps else 0
+    best: tuple[float, int, GroupPlan] | None = None
+    for k in range(1, min(devices, n) + 1):
+        if devices % k or (k > 1 and not steps):
+            continue
+        owners = devices // k
+        per = -(-count // owners)
+        cols = -(-n // k)
+        if k == 1:
+            flops, gram, meth = float(per * whole), 0.0, method
+        else:
+            assert steps is not None
+            flops = float(per * steps * (4 * m * m * cols + 2 * m**3))
+            gram, meth = float(per * steps * m * m * compute_itemsize), "standard"
+        move = float(2 * math.ceil(count * m * n / devices) * move_itemsize)
+        plan = GroupPlan(m, n, count, k, owners, meth, flops, float(count * whole), gram, move, paths)
+        score = flops + FLOPS_PER_BYTE * gram
+        if best is None or (score, k) < best[:2]:
+            best = (score, k, plan)
+    assert best is not None
+    return best[2]
