@@ -55,10 +55,22 @@ ROLES = ("hidden", "output")
 
 # Leaf / module names recognised by the inference rules.
 _OUTPUT_NAME = re.compile(
-    r"^(head|lm_head|output|output_layer|readout|logits|classifier|unembed|unembedding|out_proj_head|final)"
+    r"^(head|lm_head|output|output_layer|readout|logits|classifier|unembed|unembedding|out_proj_head|final"
+    r"|logit_?dense|logits?_(dense|proj|layer)|cls_head|classifier_head|prediction_head)"
     r"(_\d+)?$",
     re.IGNORECASE,
 )
+# Hugging Face GPT-2's FlaxConv1D layers: kernels stored (features, in), used as x @ kernel.T.
+_GPT2_CONV1D_NAME = re.compile(r"^(c_attn|c_fc|c_proj)$")
+# Gemma's einsum weights: (leaf or parent name) -> (fan-in, fan-out) axes counted from the end; every
+# other axis (the stacked key/value or gate axis, and any layer axis before it) is a batch axis.
+_GEMMA_EINSUM = {
+    "q_einsum": ((-2,), (-3, -1)),  # (N, D, H): 'BTD,NDH->BTNH'
+    "kv_einsum": ((-2,), (-3, -1)),  # (2, K, D, H): 'BSD,CKDH->CBSKH'
+    "qkv_einsum": ((-2,), (-3, -1)),  # (3, N, D, H): 'BTD,SNDH->SBTNH'
+    "attn_vec_einsum": ((-3, -2), (-1,)),  # (N, H, D): 'BTNH,NHD->BTD'
+}
+_GEMMA_MIN_NDIM = {"q_einsum": 3, "kv_einsum": 4, "qkv_einsum": 4, "attn_vec_einsum": 3}
 _DENSE_NAME = re.compile(r"^(dense|linear)(_\d+)?$", re.IGNORECASE)
 _CONV_NAME = re.compile(r"conv", re.IGNORECASE)
 _QKV_NAME = re.compile(r"^(query|key|value)$", re.IGNORECASE)
@@ -587,13 +599,14 @@ class GeometryMap:
         hints, variables = _hints_from_linen(module, args, kwargs)
         others = [c for c in variables if c != "params"]
 
-        def apply(p, *a, **kw):
+        def apply(p, collections, *a, **kw):
             out = module.apply(
-                {**variables, "params": p}, *a, rngs={"dropout": jax.random.key(0)}, mutable=others or False, **kw
+                {**collections, "params": p}, *a, rngs={"dropout": jax.random.key(0)}, mutable=others or False, **kw
             )
-            return out[0] if others else out
+            return out[0] if others else out  # the model's output, not the updated batch statistics
 
-        traced = _trace_or_warn(trace_geometry, apply, variables.get("params", {}), args, kwargs)
+        rest = {c: variables[c] for c in others}
+        traced = _trace_or_warn(trace_geometry, apply, variables.get("params", {}), (rest, *args), kwargs)
         return cls(overrides, hints=hints, strict=strict, traced=traced)
 
     def check_overrides(self, paths: Sequence[str], where: str = "geometry") -> None:
@@ -766,6 +779,19 @@ class GeometryMap:
                 try:
                     k = self._resolve_one(sibling, shape_of[sibling], shape_of)
                 except GeometryError:
+                    # The kernel is undecided: its shape still says whether this bias is its
+                    # fan-out (a DenseGeneral bias) or stacked copies (nn.scan / nnx.vmap).
+                    ks = tuple(shape_of[sibling])
+                    trailing = ndim <= len(ks) and ks[len(ks) - ndim :] == shape
+                    stacked = ndim >= 2 and len(ks) == ndim + 1 and ks[: ndim - 1] + ks[-1:] == shape
+                    if stacked and not trailing:
+                        return Geometry(shape, "vector", (), (ndim - 1,), role=role)
+                    if ndim >= 2 and not trailing:
+                        raise UndecidableGeometryError(
+                            f"cannot infer the geometry of parameter '{path}' with shape {shape}: its kernel "
+                            f"{ks} is undecided and the shapes do not say which axes are stacked.\n"
+                            + _override_help(path, shape)
+                        ) from None
                     k = Geometry.vector(shape)
                 n_batch = len(k.batch_axes)
                 if k.batch_axes == tuple(range(n_batch)) and ndim == n_batch + len(k.fan_out_axes):
@@ -773,6 +799,9 @@ class GeometryMap:
             # A >= 2-D bias / norm scale without a kernel beside it: stacked
             # copies (nn.scan, nnx.vmap) of a vector over its last axis.
             return Geometry(shape, "vector", (), (ndim - 1,) if ndim else (), role=role)
+        g_named = _named_layout(parts, shape, shape_of, role)
+        if g_named is not None:
+            return g_named
         if leaf == "kernel" and _FUSED_QKV_NAME.match(parent):
             splits = _fused_qkv_splits(path, shape, (ndim - 1,))
             return Geometry(shape, "matrix", (ndim - 2,), (ndim - 1,), fan_out_splits=splits, role=role)
@@ -805,6 +834,44 @@ class GeometryMap:
         flat = _leaves_with_paths(tree)
         geoms = self.resolve([p for p, _ in flat], [tuple(np.shape(x)) for _, x in flat])
         return [(p, g) for (p, _), g in zip(flat, geoms)]
+
+
+def _named_layout(parts: list[str], shape: tuple[int, ...], shape_of, role: str) -> Geometry | None:
+    """The layouts that public code's parameter names decide without a model (docs/guide.md):
+    Hugging Face GPT-2's transposed ``c_attn`` / ``c_fc`` / ``c_proj`` kernels, told from the
+    standard layout by ``c_attn``'s (3 d, d) shape, and Gemma's einsum weights. ``None`` if no
+    such name; :class:`UndecidableGeometryError` if the name fits but the layout is ambiguous."""
+    leaf, parent = parts[-1], parts[-2] if len(parts) > 1 else ""
+    ndim = len(shape)
+    if leaf == "kernel" and ndim == 2 and _GPT2_CONV1D_NAME.match(parent):
+        candidates = ["/".join(parts[:-2] + ["c_attn", "kernel"]), "/".join(parts[:-3] + ["attn", "c_attn", "kernel"])]
+        qkv = next((shape_of[c] for c in candidates if c in shape_of and len(shape_of[c]) == 2), None)
+        if qkv is None:
+            return None
+        splits = 3 if parent == "c_attn" else 1
+        if qkv[0] == 3 * qkv[1]:  # (3 d, d): the transposed (features, in) layout
+            return Geometry(shape, "matrix", (1,), (0,), fan_out_splits=splits, role=role)
+        if qkv[1] == 3 * qkv[0]:
+            return Geometry(shape, "matrix", (0,), (1,), fan_out_splits=splits, role=role)
+        return None
+    name = leaf if leaf in _GEMMA_EINSUM or leaf == "gating_einsum" else parent if leaf == "w" else ""
+    if name in _GEMMA_EINSUM and ndim >= _GEMMA_MIN_NDIM[name]:
+        fan_in, fan_out = _GEMMA_EINSUM[name]
+        return Geometry(shape, "matrix", fan_in, fan_out, role=role)
+    if name == "gating_einsum" and ndim >= 3:
+        # (2, F, H) ('...F,NFH->...NH') or (2, H, F) ('...F,NHF->...NH'): the sibling `linear` (H, F) says which.
+        lin = shape_of.get("/".join(parts[:-1] + ["linear"])) if leaf == "gating_einsum" else None
+        if lin is not None and len(lin) >= 2 and lin[-2] != lin[-1]:
+            if shape[-2:] == (lin[-1], lin[-2]):
+                return Geometry(shape, "matrix", (-2,), (-1,), role=role)
+            if shape[-2:] == tuple(lin[-2:]):
+                return Geometry(shape, "matrix", (-1,), (-2,), role=role)
+        raise UndecidableGeometryError(
+            f"parameter '{'/'.join(parts)}' with shape {shape}: a Gemma gating einsum is stored (2, F, H) or "
+            "(2, H, F) and no sibling 'linear' (H, F) with H != F tells which.\n"
+            + _override_help("/".join(parts), shape)
+        )
+    return None
 
 
 def _axes_of(g: Geometry) -> tuple:

@@ -100,6 +100,7 @@ class _Use:
     records: list
     out: int | None = None
     note: str = ""
+    partner: int | None = None  # an element-wise use on a product's output: that product's use
 
 
 class _Tracer:
@@ -265,7 +266,9 @@ class _Tracer:
             others = [v for i, v in enumerate(ins) if i != vi and v is not None]
             if any(v in self.act for v in others):
                 dims = {d: "out" for d in range(len(view.dims))}
-                self.use(view, "elementwise", self.classify(view, dims))
+                u = self.use(view, "elementwise", self.classify(view, dims))
+                partners = [self.prods[v].use for v in others if v in self.prods]
+                self.uses[u].partner = partners[0] if partners else None
             elif tuple(out_shape) == tuple(in_shapes[vi]):
                 self.views[outs[0]] = view  # scaled by a constant / by itself: still the parameter
             return False
@@ -530,7 +533,7 @@ def _axis_classes(shape, records) -> tuple[dict[int, str], dict[int, int]] | str
     return classes, splits
 
 
-def _decide(p: int, shape, uses: list[_Use], clean: set[int]) -> TraceDecision:
+def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> TraceDecision:
     shape = tuple(shape)
     if not uses:
         return TraceDecision(None, "unused in the traced call", defer=True)
@@ -593,7 +596,11 @@ def _decide(p: int, shape, uses: list[_Use], clean: set[int]) -> TraceDecision:
     fan_out = tuple(a for a, c in classes.items() if c == "out")
     if len([a for a in fan_out if shape[a] > 1]) > 1:
         return TraceDecision(None, "element-wise over several axes (a table or a vector?)", defer=True)
-    return TraceDecision(Geometry(shape, "vector", (), fan_out), "trace: element-wise (bias / scale)")
+    # A bias of the read-out (added to its product) shares its role, as under a head's name.
+    partner_out = [all_uses[u.partner].out for u in uses if u.partner is not None]
+    role = "output" if any(o in clean for o in partner_out) else "hidden"
+    how = "trace: element-wise (bias / scale)" + (", on the read-out" if role == "output" else "")
+    return TraceDecision(Geometry(shape, "vector", (), fan_out, role=role), how)
 
 
 def _abstract(x):
@@ -653,6 +660,6 @@ def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str
     result = {}
     for k, i in enumerate(p_idx):
         path = path_str(p_flat[i][0])
-        result[path] = _decide(k, shapes[k], by_param[k], clean)
+        result[path] = _decide(shapes[k], by_param[k], clean, tr.uses)
     return result
 
