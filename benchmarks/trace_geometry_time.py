@@ -3,7 +3,8 @@
 For the package's Linen GPT (``so.nn.linen.Transformer``) at a given depth,
 in one process: the wall time of ``model.init`` (jitted, compiled and run),
 of ``GeometryMap.from_linen(model, tokens)`` with its trace and without it
-(module hints only), and of the trace alone. Medians of ``--repeats`` runs.
+(module hints only), of the trace alone and of the bare ``jax.make_jaxpr`` of
+``model.apply`` inside it. Medians of ``--repeats`` runs.
 
     python -m benchmarks.trace_geometry_time --blocks 48 [--no-scan]
 """
@@ -55,12 +56,14 @@ def main(argv=None) -> None:
     t_map = _median_time(lambda: so.GeometryMap.from_linen(model, tokens), args.repeats)
     t_hints = _median_time(lambda: _hints_from_linen(model, (tokens,), {}), args.repeats)
     t_trace = _median_time(trace, args.repeats)
+    t_jaxpr = _median_time(lambda: jax.make_jaxpr(lambda p: model.apply({"params": p}, tokens))(params), args.repeats)
     n = len(jax.tree_util.tree_leaves(params))
     print(f"Transformer blocks={args.blocks} features={args.features} scan={not args.no_scan} leaves={n}")
     print(f"  init (jit + run)             {t_init:8.3f} s")
     print(f"  from_linen (hints + trace)   {t_map:8.3f} s")
     print(f"  hints only                   {t_hints:8.3f} s")
     print(f"  trace_geometry alone         {t_trace:8.3f} s   (added by tracing: {t_map - t_hints:.3f} s)")
+    print(f"  of which make_jaxpr(apply)   {t_jaxpr:8.3f} s   (Flax's apply, traced once)")
 
 
 if __name__ == "__main__":

@@ -571,7 +571,8 @@ class GeometryMap:
 
             from spectral_optax._trace import trace_geometry
 
-            graphdef, state, rest = nnx.split(module, nnx.Param, ...)
+            parts: Any = nnx.split(module, nnx.Param, ...)
+            graphdef, state, rest = parts
 
             def apply(p, *a, **kw):
                 return nnx.merge(graphdef, p, rest)(*a, **kw)

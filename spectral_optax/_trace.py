@@ -37,7 +37,6 @@ vector. docs/guide.md lists the rules and their order.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -123,7 +122,7 @@ class _Tracer:
         return len(self.uses) - 1
 
     def classify(self, view: _View, dim_classes: dict[int, str]) -> list:
-        recs = []
+        recs: list[tuple] = []
         for d, cls in dim_classes.items():
             for a, outer, size in view.dims[d]:
                 if a < 0:
@@ -154,7 +153,7 @@ class _Tracer:
                 env[v] = val
         return [read(x) for x in jaxpr.outvars]
 
-    def eqn(self, eqn, ins: list[int | None]) -> list[int | None]:
+    def eqn(self, eqn, ins: list[int | None]) -> list[Any]:
         name = eqn.primitive.name
         p = eqn.params
         if name == "scan":
@@ -165,9 +164,9 @@ class _Tracer:
             return self.cond(eqn, ins)
         sub = _sub_jaxpr(eqn)
         if sub is not None:
-            jaxpr, consts = sub
-            outs = self.walk(jaxpr, ins)
-            return [o if o is not None else self.fresh() for o in outs]
+            jaxpr, _ = sub
+            sub_outs = self.walk(jaxpr, ins)
+            return [o if o is not None else self.fresh() for o in sub_outs]
 
         outs = [self.fresh() for _ in eqn.outvars]
         views = [self.views.get(v) if v is not None else None for v in ins]
@@ -183,7 +182,7 @@ class _Tracer:
         if not any(views) or name in _ELEMENTWISE:
             self.follow_product(eqn, name, p, ins, outs, in_shapes, out_shape)
         self.nodes.append(([v for v in ins if v is not None], outs, blocking))
-        return outs
+        return list(outs)
 
     # ---- parameters (views) ----------------------------------------------
     def consume(self, eqn, name, p, ins, views, outs, in_shapes, out_shape) -> bool:
@@ -265,8 +264,8 @@ class _Tracer:
         if name in _ELEMENTWISE:
             others = [v for i, v in enumerate(ins) if i != vi and v is not None]
             if any(v in self.act for v in others):
-                dims = {d: "out" for d in range(len(view.dims))}
-                u = self.use(view, "elementwise", self.classify(view, dims))
+                every = {d: "out" for d in range(len(view.dims))}
+                u = self.use(view, "elementwise", self.classify(view, every))
                 partners = [self.prods[v].use for v in others if v in self.prods]
                 self.uses[u].partner = partners[0] if partners else None
             elif tuple(out_shape) == tuple(in_shapes[vi]):
@@ -317,7 +316,7 @@ class _Tracer:
                 if c in self.act:
                     self.act.add(ci)
         x_in = []
-        for x, var in zip(xs, eqn.invars[nc + ncar :]):
+        for x in xs:
             xi = self.fresh()
             x_in.append(xi)
             if x is None:
@@ -441,7 +440,7 @@ def _move_dims(name, p, dims: _Dims, in_shape, out_shape) -> _Dims | None:
     """The pieces carried by each output dimension of a reshape / squeeze / expand_dims / broadcast."""
     if name == "broadcast_in_dim":
         bd = p["broadcast_dimensions"]
-        out = [((-1, 1, int(s)),) for s in out_shape]
+        out: list[tuple[_Piece, ...]] = [((-1, 1, int(s)),) for s in out_shape]
         for i, d in enumerate(bd):
             if in_shape[i] == out_shape[d]:
                 out[d] = dims[i]
@@ -662,4 +661,3 @@ def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str
         path = path_str(p_flat[i][0])
         result[path] = _decide(shapes[k], by_param[k], clean, tr.uses)
     return result
-

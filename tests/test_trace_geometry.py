@@ -28,8 +28,8 @@ from _nn_reference import randomize
 from flax import nnx
 
 import spectral_optax as so
-from spectral_optax._geometry import path_str
 from spectral_optax import Geometry, GeometryMap
+from spectral_optax._geometry import path_str
 
 # A truth entry: (kind, fan_in_axes, fan_out_axes, batch_axes, fan_out_splits, role).
 M, E, V = "matrix", "embedding", "vector"
