@@ -48,7 +48,8 @@ from spectral_optax._geometry import Geometry, path_str
 
 # A piece of a parameter axis carried by one dimension of a derived value:
 # (parameter axis, number of coarser blocks before it, size). (-1, 1, size) is
-# a dimension not from the parameter (broadcast, or an activation dimension).
+# a dimension not from the parameter (broadcast, or an activation dimension);
+# (-2, 1, size) a product output's dimension from a dot_general batch dimension.
 _Piece = tuple[int, int, int]
 _Dims = tuple[tuple[_Piece, ...], ...]
 
@@ -230,7 +231,7 @@ class _Tracer:
             free = [d for d in range(nd) if d not in contract and d not in batch]
             act_dims = tuple(((-1, 1, in_shapes[1 - vi][d]),) for d in other_free)
             mine = tuple(view.dims[d] for d in free)
-            bdims = tuple(((-1, 1, in_shapes[vi][d]),) for d in batch)
+            bdims = tuple(((-2, 1, in_shapes[vi][d]),) for d in batch)  # -2: a dot_general batch dim
             self.prods[outs[0]] = _ProdOut(u, bdims + (mine + act_dims if vi == 0 else act_dims + mine))
             return True
         if name == "conv_general_dilated":
@@ -265,9 +266,13 @@ class _Tracer:
             others = [v for i, v in enumerate(ins) if i != vi and v is not None]
             if any(v in self.act for v in others):
                 every = {d: "out" for d in range(len(view.dims))}
+                partner = next((self.prods[v] for v in others if v in self.prods), None)
+                if partner is not None and len(partner.dims) == len(view.dims):
+                    # A bias on a product's output: its axes over the product's batch dims (ConvLocal's
+                    # positions, per-expert outputs) are batch axes too.
+                    every = {d: "batch" if any(pc[0] == -2 for pc in partner.dims[d]) else "out" for d in every}
                 u = self.use(view, "elementwise", self.classify(view, every))
-                partners = [self.prods[v].use for v in others if v in self.prods]
-                self.uses[u].partner = partners[0] if partners else None
+                self.uses[u].partner = partner.use if partner is not None else None
             elif tuple(out_shape) == tuple(in_shapes[vi]):
                 self.views[outs[0]] = view  # scaled by a constant / by itself: still the parameter
             return False
@@ -593,10 +598,12 @@ def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> T
         return TraceDecision(None, f"element-wise use: {res}")
     classes, _ = res
     fan_out = tuple(a for a, c in classes.items() if c == "out")
-    if len([a for a in fan_out if shape[a] > 1]) > 1:
+    partner_out = [all_uses[u.partner].out for u in uses if u.partner is not None]
+    if len([a for a in fan_out if shape[a] > 1]) > 1 and len(partner_out) < len(uses):
+        # Not added to a product's output (a bias over a DenseGeneral's heads x head_dim is): a learned
+        # position table added to the embeddings, or a 2-D scale? Element-wise use alone does not say.
         return TraceDecision(None, "element-wise over several axes (a table or a vector?)", defer=True)
     # A bias of the read-out (added to its product) shares its role, as under a head's name.
-    partner_out = [all_uses[u.partner].out for u in uses if u.partner is not None]
     role = "output" if any(o in clean for o in partner_out) else "hidden"
     how = "trace: element-wise (bias / scale)" + (", on the read-out" if role == "output" else "")
     return TraceDecision(Geometry(shape, "vector", (), fan_out, role=role), how)
