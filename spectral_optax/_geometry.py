@@ -461,7 +461,7 @@ def _override_help(path: str, shape: tuple[int, ...]) -> str:
         "  (axes in neither list are batch axes: stacked layers, heads, experts), or\n"
         f"    geometry={{r'{pattern}': spectral_optax.Geometry.vector({shape})}},\n"
         "  or let the model tell: spectral_optax.GeometryMap.from_linen(model, x) / "
-        "GeometryMap.from_nnx(model)."
+        "GeometryMap.from_nnx(model, x) / GeometryMap.from_apply(apply_fn, params, x)."
     )
 
 
@@ -474,11 +474,23 @@ class GeometryMap:
     Resolution order for a leaf with '/'-joined path ``path``:
       1. the first override whose regex ``re.search``-es ``path``;
       2. an exact entry of an explicit geometry tree;
-      3. a layout hint recorded from the Flax model (``from_linen`` /
-         ``from_nnx``), which knows Dense / DenseGeneral / Conv / Embed /
-         norms and treats extra leading axes as stacked-layer batch axes;
-      4. Flax naming conventions (``kernel``, ``embedding``, ``bias``,
-         ``scale``, module names such as ``Dense_0``, ``Conv_1``, ``query``).
+      3. the traced computation (:meth:`from_apply`, and :meth:`from_linen` /
+         :meth:`from_nnx` with example inputs): the primitives that consume
+         the parameter decide it (see ``spectral_optax._trace``);
+      4. a layout hint recorded from the Flax model (``from_linen`` /
+         ``from_nnx``), which knows Dense / DenseGeneral / Conv / ConvLocal /
+         Embed / Einsum (by its equation) / norms and treats extra leading
+         axes as stacked-layer batch axes: the trace's cross-check, and the
+         fallback where the trace cannot decide;
+      5. naming conventions (``kernel``, ``embedding``, ``bias``, ``scale``,
+         module names such as ``Dense_0``, ``Conv_1``, ``query``, Hugging Face
+         GPT-2's ``c_attn`` / ``c_fc`` / ``c_proj``, Gemma's einsum weights).
+
+    A leaf the trace sees but cannot decide (an opaque primitive, uses that
+    disagree, blocks a Geometry cannot express) takes the module hint if there
+    is one, else the element-wise fallback below (never a name rule that the
+    computation may contradict). :meth:`decided_by` (and ``describe()``'s
+    ``decided_by`` column) says which rule decided each leaf.
 
     A leaf no rule covers (e.g. a 3-D leaf ``'w'`` of a plain pytree) falls
     back to ``Geometry.elementwise(shape)`` with a :class:`GeometryWarning`
