@@ -602,3 +602,16 @@ def test_package_models_every_leaf_traced_and_unchanged(which):
     }
     assert {p: summary(g) for p, g in gmap.leaves(params)} == {p: summary(g) for p, g in base.leaves(params)}
     assert all(gmap.decided_by(p, g.shape).startswith("trace: ") for p, g in gmap.leaves(params))
+
+
+def test_lab_model_geometry_from_its_forward_pass():
+    from spectral_optax import lab
+
+    x = jnp.ones((2, 12))
+    model = lab.Model.from_linen(lab.MLP(width=16, depth=2, num_outputs=3), x)
+    gmap = model.geometry(x)
+    got = {p: summary(g) for p, g in gmap.leaves(model.shapes())}
+    hidden = t(M, (0,), (1,))
+    assert got == {"Dense_in/kernel": hidden, "Dense_0/kernel": hidden, "Dense_1/kernel": hidden,
+                   "head/kernel": t(M, (0,), (1,), role="output")}  # fmt: skip
+    assert gmap.decided_by("head/kernel", (16, 3)) == "trace: dot_general, read-out"
