@@ -326,6 +326,7 @@ def gemma_linen_truth(layers=2):
     return truth
 
 
+@pytest.mark.slow  # 34-58 s on the loaded 2-core CI machine (init + two Muon steps)
 def test_gemma_linen_einsum_gqa_gated_mlp_tied():
     model = GemmaLinen()
     params = model.init(jax.random.key(0), TOKENS)["params"]
@@ -410,6 +411,7 @@ class Classifier(nn.Module):
         return nn.log_softmax(nn.Dense(10)(x))  # the head is Dense_3
 
 
+@pytest.mark.slow  # 34-58 s on the loaded 2-core CI machine (init + two Muon steps)
 def test_convlocal_dense3_head_batchnorm():
     model = Classifier()
     x = jnp.ones((2, 8, 8, 3))
@@ -462,6 +464,7 @@ class ScanStack(nn.Module):
         return nn.Dense(3, name="logitdense")(proj.reshape(x.shape[0], -1))
 
 
+@pytest.mark.slow  # 34-58 s on the loaded 2-core CI machine (init + two Muon steps)
 def test_linen_scan_stack_dense_general_and_logitdense():
     model = ScanStack()
     x = jnp.ones((2, 32))
