@@ -14,7 +14,7 @@ from typing import Any
 from spectral_optax._geometry import GeometryLike, as_geometry_map
 from spectral_optax._transforms.parametrization import relative_multipliers
 
-_COLUMNS = ("path", "shape", "kind", "d_in", "d_out", "batch_axes", "target_norm", "lr_sgd", "lr_adam")
+_COLUMNS = ("path", "shape", "kind", "d_in", "d_out", "batch_axes", "target_norm", "lr_sgd", "lr_adam", "decided_by")
 
 
 def describe(params: Any, geometry: GeometryLike = None, *, base: Any = None, print_table: bool = True):
@@ -31,7 +31,13 @@ def describe(params: Any, geometry: GeometryLike = None, *, base: Any = None, pr
 
     Returns:
       A list of dicts with keys ``path, shape, kind, role, d_in, d_out,
-      batch_axes, num_slices, target_norm, lr_sgd, lr_adam``.
+      batch_axes, num_slices, target_norm, lr_sgd, lr_adam, decided_by``;
+      ``decided_by`` says how the leaf was decided: ``'override ...'``,
+      ``'explicit geometry tree'``, ``'trace: ...'`` (from
+      :meth:`~spectral_optax.GeometryMap.from_apply` or a traced
+      ``from_linen`` / ``from_nnx``, with what a module hint or name rule said
+      where it differed), ``'module hint'``, ``'name rule'`` or
+      ``'fallback: element-wise'``.
 
     Raises:
       GeometryError: a leaf no rule covers; the message names it and shows
@@ -55,6 +61,7 @@ def describe(params: Any, geometry: GeometryLike = None, *, base: Any = None, pr
                 target_norm=g.target_spectral_norm,
                 lr_sgd=sgd[path],
                 lr_adam=adam[path],
+                decided_by=gmap.decided_by(path, g.shape),
             )
         )
     if print_table:

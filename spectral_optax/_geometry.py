@@ -55,10 +55,22 @@ ROLES = ("hidden", "output")
 
 # Leaf / module names recognised by the inference rules.
 _OUTPUT_NAME = re.compile(
-    r"^(head|lm_head|output|output_layer|readout|logits|classifier|unembed|unembedding|out_proj_head|final)"
+    r"^(head|lm_head|output|output_layer|readout|logits|classifier|unembed|unembedding|out_proj_head|final"
+    r"|logit_?dense|logits?_(dense|proj|layer)|cls_head|classifier_head|prediction_head)"
     r"(_\d+)?$",
     re.IGNORECASE,
 )
+# Hugging Face GPT-2's FlaxConv1D layers: kernels stored (features, in), used as x @ kernel.T.
+_GPT2_CONV1D_NAME = re.compile(r"^(c_attn|c_fc|c_proj)$")
+# Gemma's einsum weights: (leaf or parent name) -> (fan-in, fan-out) axes counted from the end; every
+# other axis (the stacked key/value or gate axis, and any layer axis before it) is a batch axis.
+_GEMMA_EINSUM = {
+    "q_einsum": ((-2,), (-3, -1)),  # (N, D, H): 'BTD,NDH->BTNH'
+    "kv_einsum": ((-2,), (-3, -1)),  # (2, K, D, H): 'BSD,CKDH->CBSKH'
+    "qkv_einsum": ((-2,), (-3, -1)),  # (3, N, D, H): 'BTD,SNDH->SBTNH'
+    "attn_vec_einsum": ((-3, -2), (-1,)),  # (N, H, D): 'BTNH,NHD->BTD'
+}
+_GEMMA_MIN_NDIM = {"q_einsum": 3, "kv_einsum": 4, "qkv_einsum": 4, "attn_vec_einsum": 3}
 _DENSE_NAME = re.compile(r"^(dense|linear)(_\d+)?$", re.IGNORECASE)
 _CONV_NAME = re.compile(r"conv", re.IGNORECASE)
 _QKV_NAME = re.compile(r"^(query|key|value)$", re.IGNORECASE)
@@ -269,6 +281,27 @@ class _Layout:
     n_in: int
     n_out: int
     role: str = "hidden"
+    #: Explicit (fan_in, fan_out) axes (an einsum's kernel), instead of the trailing layout.
+    axes: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+
+def _einsum_layout(eq: str) -> _Layout | None:
+    """An einsum kernel's axes: letters shared with the input only are fan-in,
+    with the output only fan-out, with both batch (``'BTD,NDH->BTNH'``: fan-in
+    ``D``, fan-out ``N, H``)."""
+    try:
+        lhs, out = eq.replace(" ", "").split("->")
+        x, w = lhs.split(",")
+    except ValueError:
+        return None
+    x, w, out = (t.replace("...", "") for t in (x, w, out))
+    if len(set(w)) != len(w):
+        return None
+    fan_in = tuple(i for i, c in enumerate(w) if c in x and c not in out)
+    fan_out = tuple(i for i, c in enumerate(w) if c in out and c not in x)
+    if not fan_in or not fan_out or any(c not in x and c not in out for c in w):
+        return None
+    return _Layout("matrix", len(fan_in), len(w) - len(fan_in), axes=(fan_in, fan_out))
 
 
 def _module_layouts(type_name: str, attrs: Mapping[str, Any]) -> dict[str, _Layout]:
@@ -278,9 +311,12 @@ def _module_layouts(type_name: str, attrs: Mapping[str, Any]) -> dict[str, _Layo
         return tuple(v) if isinstance(v, (tuple, list)) else (v,)
 
     t = type_name
-    if t in ("Dense", "Linear", "Einsum"):
-        lay = _Layout("matrix", 1, 1)
-        return {"kernel": lay, "bias": _Layout("vector", 0, 1)}
+    if t in ("Dense", "Linear", "ConvLocal"):
+        # ConvLocal's kernel (*out_positions, window x in, out): one matrix per position.
+        return {"kernel": _Layout("matrix", 1, 1), "bias": _Layout("vector", 0, 1)}
+    if t == "Einsum":
+        lay_e = _einsum_layout(attrs["einsum_str"]) if isinstance(attrs.get("einsum_str"), str) else None
+        return {} if lay_e is None else {"kernel": lay_e}
     if t in ("DenseGeneral", "LinearGeneral"):
         if "in_features" in attrs:  # NNX
             n_in = len(as_tuple(attrs["in_features"]))
@@ -289,7 +325,7 @@ def _module_layouts(type_name: str, attrs: Mapping[str, Any]) -> dict[str, _Layo
             n_in = len(as_tuple(attrs.get("axis", -1)))
             n_out = len(as_tuple(attrs.get("features")))
         return {"kernel": _Layout("matrix", n_in, n_out), "bias": _Layout("vector", 0, n_out)}
-    if t in ("Conv", "ConvTranspose", "ConvLocal"):
+    if t in ("Conv", "ConvTranspose"):
         window = attrs.get("kernel_size")
         n_window = len(as_tuple(window)) if window is not None else None
         if n_window is None:
@@ -302,7 +338,7 @@ def _module_layouts(type_name: str, attrs: Mapping[str, Any]) -> dict[str, _Layo
     return {}
 
 
-_MODULE_ATTRS = ("in_features", "out_features", "axis", "features", "kernel_size")
+_MODULE_ATTRS = ("in_features", "out_features", "axis", "features", "kernel_size", "einsum_str")
 
 
 def _attrs_of(module) -> dict[str, Any]:
@@ -312,7 +348,7 @@ def _attrs_of(module) -> dict[str, Any]:
             v = getattr(module, a)
         except Exception:  # noqa: BLE001 - unbound Linen attributes may raise
             continue
-        if v is not None and not callable(v):
+        if v is not None and not callable(v) and not isinstance(v, (jax.Array, np.ndarray)):
             out[a] = v
     return out
 
@@ -329,7 +365,7 @@ def _hints_from_nnx(module) -> dict[tuple[str, ...], dict[str, _Layout]]:
     return hints
 
 
-def _hints_from_linen(module, args, kwargs) -> dict[tuple[str, ...], dict[str, _Layout]]:
+def _hints_from_linen(module, args, kwargs) -> tuple[dict[tuple[str, ...], dict[str, _Layout]], dict]:
     import flax.linen as nn
 
     hints: dict[tuple[str, ...], dict[str, _Layout]] = {}
@@ -344,8 +380,22 @@ def _hints_from_linen(module, args, kwargs) -> dict[tuple[str, ...], dict[str, _
         return next_fun(*call_args, **call_kwargs)
 
     with nn.intercept_methods(interceptor):
-        jax.eval_shape(lambda: module.init(jax.random.key(0), *args, **kwargs))
-    return hints
+        variables = jax.eval_shape(lambda: module.init(jax.random.key(0), *args, **kwargs))
+    return hints, dict(variables)
+
+
+def _trace_or_warn(trace_fn, apply, params, args, kwargs):
+    """The trace's decisions, or ``None`` with a :class:`GeometryWarning` if the model does not trace."""
+    try:
+        return trace_fn(apply, params, *args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the module hints still decide
+        warnings.warn(
+            f"could not trace the model's forward pass ({type(e).__name__}: {e}); geometry from module "
+            "hints and name rules only.",
+            GeometryWarning,
+            stacklevel=3,
+        )
+        return None
 
 
 # --------------------------------------------------------------------------
@@ -411,7 +461,7 @@ def _override_help(path: str, shape: tuple[int, ...]) -> str:
         "  (axes in neither list are batch axes: stacked layers, heads, experts), or\n"
         f"    geometry={{r'{pattern}': spectral_optax.Geometry.vector({shape})}},\n"
         "  or let the model tell: spectral_optax.GeometryMap.from_linen(model, x) / "
-        "GeometryMap.from_nnx(model)."
+        "GeometryMap.from_nnx(model, x) / GeometryMap.from_apply(apply_fn, params, x)."
     )
 
 
@@ -424,11 +474,23 @@ class GeometryMap:
     Resolution order for a leaf with '/'-joined path ``path``:
       1. the first override whose regex ``re.search``-es ``path``;
       2. an exact entry of an explicit geometry tree;
-      3. a layout hint recorded from the Flax model (``from_linen`` /
-         ``from_nnx``), which knows Dense / DenseGeneral / Conv / Embed /
-         norms and treats extra leading axes as stacked-layer batch axes;
-      4. Flax naming conventions (``kernel``, ``embedding``, ``bias``,
-         ``scale``, module names such as ``Dense_0``, ``Conv_1``, ``query``).
+      3. the traced computation (:meth:`from_apply`, and :meth:`from_linen` /
+         :meth:`from_nnx` with example inputs): the primitives that consume
+         the parameter decide it (see ``spectral_optax._trace``);
+      4. a layout hint recorded from the Flax model (``from_linen`` /
+         ``from_nnx``), which knows Dense / DenseGeneral / Conv / ConvLocal /
+         Embed / Einsum (by its equation) / norms and treats extra leading
+         axes as stacked-layer batch axes: the trace's cross-check, and the
+         fallback where the trace cannot decide;
+      5. naming conventions (``kernel``, ``embedding``, ``bias``, ``scale``,
+         module names such as ``Dense_0``, ``Conv_1``, ``query``, Hugging Face
+         GPT-2's ``c_attn`` / ``c_fc`` / ``c_proj``, Gemma's einsum weights).
+
+    A leaf the trace sees but cannot decide (an opaque primitive, uses that
+    disagree, blocks a Geometry cannot express) takes the module hint if there
+    is one, else the element-wise fallback below (never a name rule that the
+    computation may contradict). :meth:`decided_by` (and ``describe()``'s
+    ``decided_by`` column) says which rule decided each leaf.
 
     A leaf no rule covers (e.g. a 3-D leaf ``'w'`` of a plain pytree) falls
     back to ``Geometry.elementwise(shape)`` with a :class:`GeometryWarning`
@@ -445,8 +507,10 @@ class GeometryMap:
         tree: Any = None,
         hints: Mapping[tuple[str, ...], Mapping[str, _Layout]] | None = None,
         strict: bool = False,
+        traced: Mapping[str, Any] | None = None,
     ):
         self.strict = bool(strict)
+        self.traced = dict(traced or {})
         self.overrides = _compile_overrides(overrides or {})
         self.explicit: dict[str, Geometry] = {}
         if tree is not None:
@@ -457,18 +521,106 @@ class GeometryMap:
         self.hints = dict(hints or {})
         self._cache: dict[tuple, tuple[Geometry, ...]] = {}
         self._decided: dict[tuple[str, tuple[int, ...]], Geometry] = {}
+        self._how: dict[tuple[str, tuple[int, ...]], str] = {}
         self._checked: set[tuple[str, ...]] = set()
 
     # -- constructors from models -------------------------------------------
     @classmethod
-    def from_nnx(cls, module, overrides=None, *, strict: bool = False) -> GeometryMap:
-        """Exact layouts read from a live ``flax.nnx`` module."""
-        return cls(overrides, hints=_hints_from_nnx(module), strict=strict)
+    def from_apply(
+        cls, apply_fn: Callable, params, *example_args, overrides=None, strict: bool = False, **example_kwargs
+    ) -> GeometryMap:
+        """Geometry read off the computation: trace ``apply_fn(params, *example_args)``.
+
+        ``jax.make_jaxpr`` on abstract inputs (shapes only, no FLOPs); each
+        parameter is decided by the primitives that consume it (``dot_general``
+        contracted dims fan-in, ``conv_general_dilated``, ``gather`` lookups,
+        element-wise biases and scales, ``scan`` stacks, fused blocks split before
+        or after the product) and the read-out role by what reaches the output.
+        See docs/guide.md for the rules; :func:`~spectral_optax.describe` shows how
+        each leaf was decided.
+
+        Args:
+          apply_fn: ``(params, *example_args, **example_kwargs) -> outputs``.
+          params: the parameter tree the optimizer will see (arrays or
+            ``jax.ShapeDtypeStruct``; no values are read).
+          *example_args: example inputs (arrays or ``jax.ShapeDtypeStruct``).
+          overrides: ``{regex: override}``, applied before the trace.
+          strict: raise instead of the element-wise fallback for undecided leaves.
+          **example_kwargs: keyword inputs of ``apply_fn``.
+
+        Raises:
+          GeometryError: ``apply_fn`` could not be traced on abstract inputs.
+        """
+        from spectral_optax._trace import trace_geometry
+
+        try:
+            traced = trace_geometry(apply_fn, params, *example_args, **example_kwargs)
+        except Exception as e:  # noqa: BLE001 - any tracing failure, reported with its cause
+            raise GeometryError(
+                f"GeometryMap.from_apply could not trace apply_fn on abstract inputs ({type(e).__name__}: {e}). "
+                "apply_fn(params, *example_args) must be traceable by jax.make_jaxpr (no Python control flow "
+                "on values); otherwise use GeometryMap.from_linen / from_nnx hints or overrides."
+            ) from e
+        return cls(overrides, strict=strict, traced=traced)
+
+    @classmethod
+    def from_nnx(cls, module, *example_args, overrides=None, strict: bool = False, **example_kwargs) -> GeometryMap:
+        """Layouts read from a live ``flax.nnx`` module; traced when example inputs are given.
+
+        Args:
+          module: the ``nnx.Module``.
+          *example_args: example inputs of ``module(*example_args)``; with them the
+            forward pass is traced as in :meth:`from_apply` (the trace decides,
+            the module hints are the cross-check and the fallback).
+          overrides: ``{regex: override}``, applied first.
+          strict: raise instead of the element-wise fallback for undecided leaves.
+          **example_kwargs: keyword inputs of the module call.
+        """
+        hints = _hints_from_nnx(module)
+        traced = None
+        if example_args or example_kwargs:
+            from flax import nnx
+
+            from spectral_optax._trace import trace_geometry
+
+            parts: Any = nnx.split(module, nnx.Param, ...)
+            graphdef, state, rest = parts
+
+            def apply(p, *a, **kw):
+                return nnx.merge(graphdef, p, rest)(*a, **kw)
+
+            traced = _trace_or_warn(trace_geometry, apply, state, example_args, example_kwargs)
+        return cls(overrides, hints=hints, strict=strict, traced=traced)
 
     @classmethod
     def from_linen(cls, module, *args, overrides=None, strict: bool = False, **kwargs) -> GeometryMap:
-        """Exact layouts from a Linen module, traced (shapes only) on ``args``."""
-        return cls(overrides, hints=_hints_from_linen(module, args, kwargs), strict=strict)
+        """Layouts from a Linen module, traced (shapes only) on ``args``.
+
+        The forward pass ``module.apply(variables, *args, **kwargs)`` decides each
+        parameter as in :meth:`from_apply`; the module hints (Dense, DenseGeneral,
+        Conv, Embed, Einsum, norms) are the cross-check and the fallback.
+
+        Args:
+          module: the Linen module.
+          *args: example inputs.
+          overrides: ``{regex: override}``, applied first.
+          strict: raise instead of the element-wise fallback for undecided leaves.
+          **kwargs: keyword inputs of the module call.
+        """
+        from spectral_optax._trace import trace_geometry
+
+        hints, variables = _hints_from_linen(module, args, kwargs)
+        others = [c for c in variables if c != "params"]
+
+        def apply(p, collections, *a, **kw):
+            out = module.apply(
+                {**collections, "params": p}, *a, rngs={"dropout": jax.random.key(0)}, mutable=others or False, **kw
+            )
+            return out[0] if others else out  # the model's output, not the updated batch statistics
+
+        rest = {c: variables[c] for c in others}
+        traced = _trace_or_warn(trace_geometry, apply, variables.get("params", {}), (rest, *args), kwargs)
+        return cls(overrides, hints=hints, strict=strict, traced=traced)
 
     def check_overrides(self, paths: Sequence[str], where: str = "geometry") -> None:
         """Raise :class:`GeometryError` if a regex override matches none of ``paths``.
@@ -492,7 +644,7 @@ class GeometryMap:
         self._checked.add(key)
 
     def with_overrides(self, overrides: Mapping[str, Override]) -> GeometryMap:
-        new = GeometryMap(hints=self.hints, strict=self.strict)
+        new = GeometryMap(hints=self.hints, strict=self.strict, traced=self.traced)
         new.explicit = dict(self.explicit)
         new.overrides = _compile_overrides(overrides) + self.overrides
         return new
@@ -522,31 +674,80 @@ class GeometryMap:
     def _decide(self, path: str, shape: tuple[int, ...], shape_of) -> Geometry:
         """:meth:`_resolve_one`, with the element-wise fallback unless ``strict``."""
         try:
-            return self._resolve_one(path, shape, shape_of)
-        except UndecidableGeometryError:
+            g, how = self._resolve_how(path, shape, shape_of)
+        except UndecidableGeometryError as e:
             if self.strict:
                 raise
+            why = getattr(e, "reason", None)
             warnings.warn(
-                f"parameter '{path}' with shape {shape}: no rule decides its geometry, so it gets the "
-                "element-wise route (AdamW in muon, sign in moga, per-entry normalization in "
+                f"parameter '{path}' with shape {shape}: "
+                + (f"the trace could not decide it ({why}), " if why else "no rule decides its geometry, ")
+                + "so it gets the element-wise route (AdamW in muon, sign in moga, per-entry normalization in "
                 "spectral_sgd, a plain SGD / Adam step in the muP optimizers). "
                 + _override_help(path, shape)
                 + "\n  Pass geometry=spectral_optax.GeometryMap(strict=True) to make this an error.",
                 GeometryWarning,
                 stacklevel=2,
             )
-            return Geometry.elementwise(shape, role="output" if _is_output_path(path) else "hidden")
+            g = Geometry.elementwise(shape, role="output" if _is_output_path(path) else "hidden")
+            how = "fallback: element-wise" + (f" (trace: {why})" if why else " (no rule)")
+        self._how[(path, shape)] = how
+        return g
+
+    def decided_by(self, path: str, shape: Sequence[int]) -> str:
+        """How the leaf ``(path, shape)`` was decided: ``'override ...'``, ``'explicit geometry tree'``,
+        ``'trace: ...'`` (with what a module hint or name rule said if it differed), ``'module hint'``,
+        ``'name rule'`` or ``'fallback: element-wise'`` (the leaf is decided first if it was not yet)."""
+        shape = tuple(int(s) for s in shape)
+        if (path, shape) not in self._how:
+            self.resolve([path], [shape])
+        return self._how.get((path, shape), "")
 
     def _resolve_one(self, path: str, shape: tuple[int, ...], shape_of) -> Geometry:
+        return self._resolve_how(path, shape, shape_of)[0]
+
+    def _trace_for(self, path: str, shape: tuple[int, ...]):
+        if not self.traced:
+            return None
+        for p in (path, path[len("params/") :] if path.startswith("params/") else "params/" + path):
+            t = self.traced.get(p)
+            if t is not None and (t.geometry is None or t.geometry.shape == shape):
+                return t
+        return None
+
+    def _resolve_how(self, path: str, shape: tuple[int, ...], shape_of) -> tuple[Geometry, str]:
         for pattern, override in self.overrides:
             if pattern.search(path):
-                return _apply_override(override, path, shape)
+                return _apply_override(override, path, shape), f"override {pattern.pattern!r}"
         if path in self.explicit:
-            return _apply_override(self.explicit[path], path, shape)
-        g = self._from_hint(path, shape)
-        if g is None:
-            g = self._from_names(path, shape, shape_of)
-        return g
+            return _apply_override(self.explicit[path], path, shape), "explicit geometry tree"
+        t = self._trace_for(path, shape)
+        hint = self._from_hint(path, shape)
+        if t is not None and t.geometry is not None:
+            other, src = hint, "module hint"
+            if other is None:
+                src = "name rule"
+                try:
+                    other = self._from_names(path, shape, shape_of)
+                except GeometryError:
+                    other = None
+            how = t.reason
+            if other is not None and _axes_of(other) != _axes_of(t.geometry):
+                how += f"; {src} said {_short(other)}"
+            elif other is not None and other.role != t.geometry.role:
+                how += f"; {src} said role {other.role!r}"
+            return t.geometry, how
+        if hint is not None:
+            return hint, "module hint" + (f" (trace: {t.reason})" if t is not None else "")
+        if t is not None and not t.defer:
+            err = UndecidableGeometryError(
+                f"the trace cannot decide parameter '{path}' with shape {shape}: {t.reason}.\n"
+                + _override_help(path, shape)
+            )
+            err.reason = t.reason  # type: ignore[attr-defined]
+            raise err
+        g = self._from_names(path, shape, shape_of)
+        return g, "name rule" + (f" (trace: {t.reason})" if t is not None else "")
 
     def _hint_for(self, path: str):
         parts = tuple(path.split("/"))
@@ -566,6 +767,9 @@ class GeometryMap:
             return None
         fan_in = tuple(range(n_batch, n_batch + lay.n_in))
         fan_out = tuple(range(n_batch + lay.n_in, ndim))
+        if lay.axes is not None:  # an einsum kernel: axes as in its equation (after stacked axes)
+            fan_in = tuple(n_batch + a for a in lay.axes[0])
+            fan_out = tuple(n_batch + a for a in lay.axes[1])
         role = "output" if _is_output_path(path) else lay.role
         if lay.kind == "vector":
             return Geometry(shape, "vector", (), fan_out, role=role)
@@ -588,6 +792,19 @@ class GeometryMap:
                 try:
                     k = self._resolve_one(sibling, shape_of[sibling], shape_of)
                 except GeometryError:
+                    # The kernel is undecided: its shape still says whether this bias is its
+                    # fan-out (a DenseGeneral bias) or stacked copies (nn.scan / nnx.vmap).
+                    ks = tuple(shape_of[sibling])
+                    trailing = ndim <= len(ks) and ks[len(ks) - ndim :] == shape
+                    stacked = ndim >= 2 and len(ks) == ndim + 1 and ks[: ndim - 1] + ks[-1:] == shape
+                    if stacked and not trailing:
+                        return Geometry(shape, "vector", (), (ndim - 1,), role=role)
+                    if ndim >= 2 and not trailing:
+                        raise UndecidableGeometryError(
+                            f"cannot infer the geometry of parameter '{path}' with shape {shape}: its kernel "
+                            f"{ks} is undecided and the shapes do not say which axes are stacked.\n"
+                            + _override_help(path, shape)
+                        ) from None
                     k = Geometry.vector(shape)
                 n_batch = len(k.batch_axes)
                 if k.batch_axes == tuple(range(n_batch)) and ndim == n_batch + len(k.fan_out_axes):
@@ -595,6 +812,9 @@ class GeometryMap:
             # A >= 2-D bias / norm scale without a kernel beside it: stacked
             # copies (nn.scan, nnx.vmap) of a vector over its last axis.
             return Geometry(shape, "vector", (), (ndim - 1,) if ndim else (), role=role)
+        g_named = _named_layout(parts, shape, shape_of, role)
+        if g_named is not None:
+            return g_named
         if leaf == "kernel" and _FUSED_QKV_NAME.match(parent):
             splits = _fused_qkv_splits(path, shape, (ndim - 1,))
             return Geometry(shape, "matrix", (ndim - 2,), (ndim - 1,), fan_out_splits=splits, role=role)
@@ -627,6 +847,56 @@ class GeometryMap:
         flat = _leaves_with_paths(tree)
         geoms = self.resolve([p for p, _ in flat], [tuple(np.shape(x)) for _, x in flat])
         return [(p, g) for (p, _), g in zip(flat, geoms)]
+
+
+def _named_layout(parts: list[str], shape: tuple[int, ...], shape_of, role: str) -> Geometry | None:
+    """The layouts that public code's parameter names decide without a model (docs/guide.md):
+    Hugging Face GPT-2's transposed ``c_attn`` / ``c_fc`` / ``c_proj`` kernels, told from the
+    standard layout by ``c_attn``'s (3 d, d) shape, and Gemma's einsum weights. ``None`` if no
+    such name; :class:`UndecidableGeometryError` if the name fits but the layout is ambiguous."""
+    leaf, parent = parts[-1], parts[-2] if len(parts) > 1 else ""
+    ndim = len(shape)
+    if leaf == "kernel" and ndim == 2 and _GPT2_CONV1D_NAME.match(parent):
+        candidates = ["/".join(parts[:-2] + ["c_attn", "kernel"]), "/".join(parts[:-3] + ["attn", "c_attn", "kernel"])]
+        qkv = next((shape_of[c] for c in candidates if c in shape_of and len(shape_of[c]) == 2), None)
+        if qkv is None:
+            return None
+        splits = 3 if parent == "c_attn" else 1
+        if qkv[0] == 3 * qkv[1]:  # (3 d, d): the transposed (features, in) layout
+            return Geometry(shape, "matrix", (1,), (0,), fan_out_splits=splits, role=role)
+        if qkv[1] == 3 * qkv[0]:
+            return Geometry(shape, "matrix", (0,), (1,), fan_out_splits=splits, role=role)
+        return None
+    name = leaf if leaf in _GEMMA_EINSUM or leaf == "gating_einsum" else parent if leaf == "w" else ""
+    if name in _GEMMA_EINSUM and ndim >= _GEMMA_MIN_NDIM[name]:
+        fan_in, fan_out = _GEMMA_EINSUM[name]
+        return Geometry(shape, "matrix", fan_in, fan_out, role=role)
+    if name == "gating_einsum" and ndim >= 3:
+        # (2, F, H) ('...F,NFH->...NH') or (2, H, F) ('...F,NHF->...NH'): the sibling `linear` (H, F) says which.
+        lin = shape_of.get("/".join(parts[:-1] + ["linear"])) if leaf == "gating_einsum" else None
+        if lin is not None and len(lin) >= 2 and lin[-2] != lin[-1]:
+            if shape[-2:] == (lin[-1], lin[-2]):
+                return Geometry(shape, "matrix", (-2,), (-1,), role=role)
+            if shape[-2:] == tuple(lin[-2:]):
+                return Geometry(shape, "matrix", (-1,), (-2,), role=role)
+        raise UndecidableGeometryError(
+            f"parameter '{'/'.join(parts)}' with shape {shape}: a Gemma gating einsum is stored (2, F, H) or "
+            "(2, H, F) and no sibling 'linear' (H, F) with H != F tells which.\n"
+            + _override_help("/".join(parts), shape)
+        )
+    return None
+
+
+def _axes_of(g: Geometry) -> tuple:
+    return (g.kind, g.fan_in_axes, g.fan_out_axes, g.fan_out_splits)
+
+
+def _short(g: Geometry) -> str:
+    """``matrix in(0,) out(1,) x3`` : a geometry in a few characters, for describe()."""
+    if g.kind in ("vector", ELEMENTWISE):
+        return g.kind
+    split = f" x{g.fan_out_splits}" if g.fan_out_splits > 1 else ""
+    return f"{g.kind} in{g.fan_in_axes} out{g.fan_out_axes}{split}"
 
 
 def _fused_qkv_splits(path: str, shape: tuple[int, ...], fan_out: tuple[int, ...]) -> int:

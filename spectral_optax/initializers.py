@@ -66,10 +66,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectral_optax._geometry import Geometry, from_matrix, to_matrix
+from spectral_optax._geometry import Geometry, GeometryLike, from_matrix, map_with_geometry, to_matrix
 from spectral_optax._numerics import safe_max_abs, top_singular_value
 
-__all__ = ["spectral_normal", "spectral_orthogonal", "spectral_embedding", "spectral_normalized"]
+__all__ = ["spectral_normal", "spectral_orthogonal", "spectral_embedding", "spectral_normalized", "reinitialize"]
 
 Initializer = Callable[..., jax.Array]
 Axes = int | Sequence[int] | None
@@ -225,12 +225,31 @@ def spectral_normal(
         )
         if math.prod(shape) == 0:
             return jnp.zeros(shape, out_dtype)
-        d_in, d_out = geom.d_in, geom.d_out
-        std = gain / math.sqrt(d_in) * min(1.0, math.sqrt(d_out / d_in))
-        z = jax.random.normal(key, shape, draw_dtype, out_sharding=out_sharding)
-        return (z * jnp.asarray(std, draw_dtype)).astype(out_dtype)
+        return _normal_draw(key, geom, gain, draw_dtype, out_sharding).astype(out_dtype)
 
     return init
+
+
+def _normal_draw(key, geom: Geometry, gain: float, draw_dtype, out_sharding=None) -> jax.Array:
+    """i.i.d. ``N(0, sigma^2)``, ``sigma = gain / sqrt(d_in) * min(1, sqrt(d_out / d_in))`` (see spectral_normal)."""
+    d_in, d_out = geom.d_in, geom.d_out
+    std = gain / math.sqrt(d_in) * min(1.0, math.sqrt(d_out / d_in))
+    z = jax.random.normal(key, geom.shape, draw_dtype, out_sharding=out_sharding)
+    return z * jnp.asarray(std, draw_dtype)
+
+
+def _orthogonal_draw(key, geom: Geometry, gain: float, draw_dtype) -> jax.Array:
+    """``gain * sqrt(d_out / d_in) * Q`` per slice, ``Q`` Haar semi-orthogonal (see spectral_orthogonal)."""
+    d_in, d_out = geom.d_in, geom.d_out
+    tall = d_in >= d_out
+    rows, cols = (d_in, d_out) if tall else (d_out, d_in)
+    g = jax.random.normal(key, (geom.num_slices, rows, cols), draw_dtype)
+    q, r = jnp.linalg.qr(g, mode="reduced")  # q: (slices, rows, cols)
+    d = jnp.diagonal(r, axis1=-2, axis2=-1)
+    q = q * jnp.where(d < 0, -1.0, 1.0).astype(draw_dtype)[..., None, :]
+    m = q if tall else jnp.swapaxes(q, -1, -2)  # (slices, d_in, d_out)
+    m = m * jnp.asarray(gain * math.sqrt(d_out / d_in), draw_dtype)
+    return from_matrix(m, geom)
 
 
 def spectral_orthogonal(
@@ -272,16 +291,7 @@ def spectral_orthogonal(
         )
         if math.prod(shape) == 0:
             return jnp.zeros(shape, out_dtype)
-        d_in, d_out = geom.d_in, geom.d_out
-        tall = d_in >= d_out
-        rows, cols = (d_in, d_out) if tall else (d_out, d_in)
-        g = jax.random.normal(key, (geom.num_slices, rows, cols), draw_dtype)
-        q, r = jnp.linalg.qr(g, mode="reduced")  # q: (slices, rows, cols)
-        d = jnp.diagonal(r, axis1=-2, axis2=-1)
-        q = q * jnp.where(d < 0, -1.0, 1.0).astype(draw_dtype)[..., None, :]
-        m = q if tall else jnp.swapaxes(q, -1, -2)  # (slices, d_in, d_out)
-        m = m * jnp.asarray(gain * math.sqrt(d_out / d_in), draw_dtype)
-        return from_matrix(m, geom).astype(out_dtype)
+        return _orthogonal_draw(key, geom, gain, draw_dtype).astype(out_dtype)
 
     return init
 
@@ -409,3 +419,80 @@ def spectral_normalized(
         return from_matrix(m, geom).astype(out_dtype)
 
     return init
+
+
+# --------------------------------------------------------------------------
+# A whole parameter tree, from its geometry.
+# --------------------------------------------------------------------------
+def reinitialize(
+    key: jax.Array,
+    params,
+    geometry: GeometryLike = None,
+    *,
+    gain: float = 1.0,
+    method: str = "normal",
+    embedding_std: float = 1.0,
+):
+    """Redraw every matrix and embedding of ``params`` per Parametrization 1.
+
+    For a model whose initializers cannot be passed in (third-party code with
+    a hard-wired ``kernel_init``): each leaf is redrawn from its decided
+    :class:`~spectral_optax.Geometry` by the same rules as the per-layer
+    initializers, with the right axes:
+
+    * ``kind='matrix'``: :func:`spectral_normal` (``method='normal'``) or
+      :func:`spectral_orthogonal` (``method='orthogonal'``) on the leaf's
+      fan-in / fan-out / batch axes; stacked slices (batch axes) are
+      independent draws and a fused kernel (``fan_out_splits``) is scaled per
+      block (``d_out`` is one block's size);
+    * ``kind='embedding'``: :func:`spectral_embedding` (``N(0, embedding_std^2)``);
+    * vectors (biases, norm scales) and ``'elementwise'`` leaves (undecided):
+      unchanged.
+
+    Every leaf keeps its dtype (drawn in float32 or float64 and cast, as the
+    initializers do) and, for a concrete ``jax.Array``, its sharding. Each leaf
+    gets its own key, ``fold_in(key, crc32(path))``, so a leaf's draw does not
+    depend on the rest of the tree.
+
+    Args:
+      key: a PRNG key.
+      params: the parameter tree (a Linen param dict, an ``nnx.State``, any pytree).
+      geometry: how to read the leaves, see :func:`spectral_optax.as_geometry_map`;
+        for third-party code pass :meth:`spectral_optax.GeometryMap.from_linen` /
+        ``from_nnx`` / ``from_apply`` so that the trace decides every leaf.
+      gain: sigma0 of the matrices (``math.sqrt(2)`` for ReLU networks).
+      method: ``'normal'`` (Parametrization 1's Gaussian) or ``'orthogonal'``
+        (every singular value of every slice exactly the target).
+      embedding_std: standard deviation of the embedding entries.
+
+    Returns:
+      A tree like ``params`` with the matrices and embeddings redrawn.
+
+    References:
+      Yang, Simon, Bernstein (2023), Parametrization 1; docs/math.md section 2.
+    """
+    import zlib
+
+    if method not in ("normal", "orthogonal"):
+        raise ValueError(f"reinitialize: method must be 'normal' or 'orthogonal', got {method!r}")
+    gain = _check_gain("gain", gain)
+    embedding_std = _check_gain("embedding_std", embedding_std)
+
+    def redraw(path: str, g: Geometry, x):
+        if g.kind not in ("matrix", "embedding") or math.prod(g.shape) == 0:
+            return x
+        out_dtype, draw_dtype = _dtypes(x.dtype)
+        k = jax.random.fold_in(key, zlib.crc32(path.encode()))
+        if g.kind == "embedding":
+            new = jax.random.normal(k, g.shape, draw_dtype) * jnp.asarray(embedding_std, draw_dtype)
+        elif method == "normal":
+            new = _normal_draw(k, g, gain, draw_dtype)
+        else:
+            new = _orthogonal_draw(k, g, gain, draw_dtype)
+        new = new.astype(out_dtype)
+        sharding = getattr(x, "sharding", None)
+        if sharding is not None and isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+            new = jax.device_put(new, sharding)
+        return new
+
+    return map_with_geometry(redraw, geometry, params, with_path=True)

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from spectral_optax import GeometryMap
 from spectral_optax.initializers import spectral_embedding, spectral_normal
 
 __all__ = ["MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family", "resnet_family"]
@@ -99,6 +100,19 @@ class Model(NamedTuple):
     def shapes(self):
         """The parameter tree as ``jax.ShapeDtypeStruct`` leaves (no compute)."""
         return jax.eval_shape(self.init, jax.random.key(0))
+
+    def geometry(self, example_x, overrides=None) -> GeometryMap:
+        """The geometry of this model's parameters, read off its forward pass.
+
+        :meth:`spectral_optax.GeometryMap.from_apply` on ``apply`` and the
+        parameter shapes (abstract: no FLOPs); pass it as ``geometry=`` to an
+        optimizer.
+
+        Args:
+          example_x: an example input batch (an array or ``jax.ShapeDtypeStruct``).
+          overrides: ``{regex: override}``, applied before the trace.
+        """
+        return GeometryMap.from_apply(self.apply, self.shapes(), example_x, overrides=overrides)
 
     @classmethod
     def from_linen(cls, module: nn.Module, example_x, loss: str | Callable = "xent") -> Model:
