@@ -211,3 +211,22 @@ def test_absorbed_depth_mup_matches_explicit_with_companion_lr():
     # negative control: the exponent-1 transform (alpha = 1/4, not 1/2) breaks the equivalence
     wrong = optax.chain(so.spectral_sgd(lr), so.depth_residual_scale(K), so.depth_lr_scale(K, exponent=a))
     assert np.linalg.norm(_train(absorbed, p_abs, wrong) - out_e) > 1e-2 * np.linalg.norm(out_e)
+
+
+def test_benchmark_depth_mup_form_scales_block_updates_only():
+    """benchmarks._depth.form_factory('depth_mup'): the optimizer's update with the block leaves times
+    sqrt(2 / K); the scaled and unscaled forms use the optimizer as is."""
+    from benchmarks import _depth as bench
+
+    params = _toy_params()
+    grads = jax.tree_util.tree_map(lambda x: x * jnp.arange(1.0, x.size + 1).reshape(x.shape) / x.size, params)
+    plain = optax.adamw(0.01, weight_decay=0.0)
+    ref, _ = plain.update(grads, plain.init(params), params)
+    for form, factor in (("depth_mup", math.sqrt(2 / 8)), ("scaled", 1.0)):
+        tx = bench.form_factory("adamw", form)
+        tx = tx(0.01, 8) if form == "depth_mup" else tx(0.01)
+        out, _ = tx.update(grads, tx.init(params), params)
+        for (path, u), r in zip(jax.tree_util.tree_flatten_with_path(out)[0], jax.tree_util.tree_leaves(ref)):
+            name = "/".join(str(getattr(k, "key", k)) for k in path)
+            f = factor if name.startswith("blocks/") else 1.0
+            np.testing.assert_allclose(np.asarray(u), f * np.asarray(r), rtol=1e-6, err_msg=f"{form} {name}")
