@@ -230,6 +230,161 @@ def best_lr_figure(summary, names, widths, path, title):
     return path
 
 
+# --------------------------------------------------------------------------
+# Item 3: where does a best LR drift with width? The quadratic model per route.
+# --------------------------------------------------------------------------
+ROUTES = ("hidden", "head", "embedding", "vector")
+
+
+def route_labels(params) -> list[str]:
+    """The route of every leaf of ``params`` (in ``jax.tree_util.tree_leaves`` order), from the inferred
+    geometry: ``'embedding'`` (token and position tables), ``'head'`` (the output matrix), ``'hidden'``
+    (every other matrix), ``'vector'`` (biases, norm scales)."""
+    import jax
+
+    leaves = so.GeometryMap().leaves(params)
+    shapes = [tuple(x.shape) for x in jax.tree_util.tree_leaves(params)]
+    if [g.shape for _, g in leaves] != shapes:
+        raise ValueError("route_labels: geometry leaves are not in tree_leaves order")
+    out = []
+    for _, g in leaves:
+        if g.kind == "embedding":
+            out.append("embedding")
+        elif g.kind == "matrix":
+            out.append("head" if g.role == "output" else "hidden")
+        else:
+            out.append("vector")
+    return out
+
+
+def quadratic_steps(loss, params, grads, direction, labels):
+    """Along the update direction ``u`` (a descent direction) and along its restriction ``u_r`` to each
+    route: the first-order decrease ``d = -g . u_r``, the curvature ``c = u_r^T H u_r`` (Hessian-vector
+    product, forward over reverse) and the step ``eta* = d / c`` that minimizes the quadratic model
+    ``L(theta + eta u_r) ~ L - eta d + eta^2 c / 2``."""
+    import jax
+    import jax.numpy as jnp
+
+    treedef = jax.tree_util.tree_structure(params)
+
+    def restrict(route):
+        leaves = jax.tree_util.tree_leaves(direction)
+        kept = [u if route is None or lab_ == route else jnp.zeros_like(u) for lab_, u in zip(labels, leaves)]
+        return jax.tree_util.tree_unflatten(treedef, kept)
+
+    def dot(a, b):
+        return sum(jnp.vdot(x, y) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+    out = {}
+    for route in (None, *ROUTES):
+        u = restrict(route)
+        hu = jax.jvp(jax.grad(loss), (params,), (u,))[1]
+        d, c = -dot(grads, u), dot(u, hu)
+        out[route or "all"] = {"decrease": d, "curvature": c, "eta_star": d / c}
+    return out
+
+
+def route_drift(data, cfg, names, seeds, warm_steps, batch_size=32, warm_lrs=None):
+    """For each optimizer, width and seed: train ``warm_steps`` at a constant LR (``warm_lrs[name]``,
+    default half the grid center), then the quadratic-model step ``eta*`` of the optimizer's next update
+    direction, whole and per route (:func:`quadratic_steps`), on a fixed batch of ``batch_size`` training
+    sequences. Returns ``{name: {route: {width: [eta* per seed]}}, ...}`` plus the curvature and decrease."""
+    import jax
+    import jax.numpy as jnp
+
+    family = lab.gpt_family(data, vary="width", depth=cfg["depth"], init="spectral")
+    base_shapes = family(BASE_WIDTH).shapes()
+    out = {}
+    for name in names:
+        lr = (warm_lrs or {}).get(name, CENTERS[name] / 2)
+        tx = optimizer_factory(name, base_shapes)(1.0)  # the direction; the step is lr * it (no decay)
+        res = {"warm_lr": lr, "warm_steps": warm_steps, "eta_star": {}, "curvature": {}, "decrease": {}}
+        for w in cfg["widths"]:
+            model = family(w)
+            labels = route_labels(model.shapes())
+
+            @jax.jit
+            def train(params, key, model=model):
+                def step(carry, k):
+                    p, st = carry
+                    idx = jax.random.randint(k, (cfg["batch_size"],), 0, data.num_train)
+                    x, y = data.batch(data.train, idx)
+                    u, st = tx.update(jax.grad(model.loss)(p, x, y), st, p)
+                    return (jax.tree_util.tree_map(lambda a, b: a + lr * b, p, u), st), None
+
+                (p, st), _ = jax.lax.scan(step, (params, tx.init(params)), jax.random.split(key, warm_steps))
+                return p, st
+
+            @jax.jit
+            def measure(params, state, x, y, model=model, labels=labels):
+                loss = lambda p: model.loss(p, x, y)  # noqa: E731
+                g = jax.grad(loss)(params)
+                u, _ = tx.update(g, state, params)
+                return quadratic_steps(loss, params, g, u, labels)
+
+            for seed in seeds:
+                key = jax.random.key(1000 + seed)
+                params = model.init(jax.random.key(seed))
+                params, state = train(params, key) if warm_steps else (params, tx.init(params))
+                rng = np.random.default_rng(seed)
+                x, y = data.numpy_batch("train", rng.integers(0, data.num_train, batch_size))
+                q = jax.device_get(measure(params, state, jnp.asarray(x), jnp.asarray(y)))
+                for route, v in q.items():
+                    for field in ("eta_star", "curvature", "decrease"):
+                        res[field].setdefault(route, {}).setdefault(w, []).append(float(v[field]))
+            print(f"  {name} width {w}: eta* " + ", ".join(
+                f"{r} {np.mean(res['eta_star'][r][w]):.3g}" for r in ("all", *ROUTES)), flush=True)
+        widths = list(cfg["widths"])
+        res["exponent"] = {}
+        for route, by_w in res["eta_star"].items():
+            mean = [float(np.mean(by_w[w])) for w in widths]
+            per_seed = [loglog_slope(widths, [by_w[w][i] for w in widths]) for i in range(len(seeds))]
+            fin = [x for x in per_seed if np.isfinite(x)]
+            res["exponent"][route] = {"mean": loglog_slope(widths, mean), "per_seed": per_seed,
+                                      "interval": [min(fin), max(fin)] if fin else [np.nan, np.nan]}
+        out[name] = res
+    return out
+
+
+def drift_figure(drift, widths, path, title):
+    """eta* (quadratic-model step) vs width per route, one panel per optimizer (seed mean, per-seed range)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(drift)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names) + 0.4, 3.2), squeeze=False)
+    for j, name in enumerate(names):
+        ax = axes[0, j]
+        for k, route in enumerate(("all", *ROUTES)):
+            by_w = drift[name]["eta_star"].get(route)
+            if not by_w:
+                continue
+            vals = [np.asarray(by_w[w], float) for w in widths]
+            mean = [float(np.mean(v)) if np.all(v > 0) else np.nan for v in vals]
+            e = drift[name]["exponent"][route]
+            ax.plot(widths, mean, "-o", ms=3, lw=1.8 if route == "all" else 1.0, color=f"C{k}",
+                    label=f"{route}: s = {e['mean']:+.2f} [{e['interval'][0]:+.2f}, {e['interval'][1]:+.2f}]")
+            lo = [float(np.min(v)) for v in vals]
+            hi = [float(np.max(v)) for v in vals]
+            ax.fill_between(widths, lo, hi, color=f"C{k}", alpha=0.15, lw=0)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("width", fontsize=8)
+        ax.set_ylabel("eta* = -g.u / u^T H u", fontsize=8)
+        ax.set_title(f"{name}: step {drift[name]['warm_steps']} (LR {drift[name]['warm_lr']:.3g})", fontsize=8)
+        ax.grid(alpha=0.3, which="both", lw=0.4)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    fig.suptitle(title + ": quadratic-model step along each route of the update", fontsize=9)
+    fig.tight_layout()
+    lab.savefig(fig, path)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
+
+
 def build_parser():
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="size preset (default cpu)")
@@ -243,6 +398,9 @@ def build_parser():
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--diagnose", action="store_true",
+                   help="instead of the sweep: the quadratic-model step per route vs width (item 3 of issue 21)")
+    p.add_argument("--warm-steps", type=int, default=40, help="--diagnose: steps trained before measuring")
     _devices.add_arguments(p)
     return p
 
@@ -260,6 +418,8 @@ def main(argv=None):
     def family(init):
         return lab.gpt_family(data, vary="width", depth=cfg["depth"], init=init, dtype=dtype)
 
+    if args.diagnose:
+        return diagnose(args, preset, cfg, data, names)
     base_shapes = family("spectral")(BASE_WIDTH).shapes()
     tag = f"gpt-K{cfg['depth']}-T{cfg['context']}-{cfg['dtype']}"
     os.makedirs(args.out, exist_ok=True)
@@ -306,6 +466,25 @@ def main(argv=None):
         "runs": [r for res in results.values() for r in res.runs],
         "wall_s": time.time() - t0, "environment": environment(),
     }
+    write_json(args.json, payload)
+    return payload
+
+
+def diagnose(args, preset, cfg, data, names):
+    """``--diagnose``: :func:`route_drift` for the chosen optimizers (default muon, moga), figure and JSON."""
+    t0 = time.time()
+    names = [n for n in names if n != "adamw_sp"] if args.optimizers else ["muon", "moga"]
+    os.makedirs(args.out, exist_ok=True)
+    drift = route_drift(data, cfg, names, list(range(cfg["seeds"])), args.warm_steps)
+    title = f"GPT width (depth {cfg['depth']}, context {cfg['context']}, {cfg['seeds']} seeds)"
+    fig = drift_figure(drift, list(cfg["widths"]),
+                       os.path.join(args.out, f"gpt_width_{preset}_drift_step{args.warm_steps}.png"), title)
+    for name, res in drift.items():
+        print(f"{name} (after {args.warm_steps} steps at LR {res['warm_lr']:.3g}): exponent of eta* vs width: "
+              + ", ".join(f"{r} {e['mean']:+.2f} [{e['interval'][0]:+.2f}, {e['interval'][1]:+.2f}]"
+                          for r, e in res["exponent"].items()))
+    payload = {"benchmark": "gpt_width", "mode": "diagnose", "preset": preset, "config": dict(cfg, data=data.name),
+               "drift": drift, "figure": fig, "wall_s": time.time() - t0, "environment": environment()}
     write_json(args.json, payload)
     return payload
 

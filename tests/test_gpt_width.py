@@ -106,3 +106,53 @@ def test_end_to_end_schema_resume_and_figures(tmp_path, capsys):
     capsys.readouterr()
     gpt_width.main(argv)  # resumes: nothing retrained, nothing appended
     assert (tmp_path / "gpt_width_quick.jsonl").read_text().splitlines() == lines
+
+
+def test_quadratic_steps_exact_on_a_quadratic(highest_precision):
+    """L(theta) = 0.5 theta^T A theta - b^T theta over two leaves: eta* = -g.u_r / (u_r^T A u_r) per route,
+    computed here in float64 NumPy."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(7, 7))
+    a = m @ m.T + 7 * np.eye(7)
+    b = rng.normal(size=7)
+    theta = {"h": rng.normal(size=(2, 2)), "v": rng.normal(size=(3,))}  # 4 + 3 = 7 coordinates
+    u = {"h": rng.normal(size=(2, 2)), "v": rng.normal(size=(3,))}
+
+    def flat(t):
+        return np.concatenate([np.ravel(t["h"]), np.ravel(t["v"])])
+
+    def loss(t):  # float32, well conditioned (A = M M^T + 7 I): relative error ~1e-6
+        z = jnp.concatenate([t["h"].ravel(), t["v"].ravel()])
+        return 0.5 * z @ jnp.asarray(a, jnp.float32) @ z - jnp.asarray(b, jnp.float32) @ z
+
+    tj = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), theta)
+    uj = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), u)
+    g = jax.grad(loss)(tj)
+    out = gpt_width.quadratic_steps(loss, tj, g, uj, ["hidden", "vector"])
+    g64 = a @ flat(theta) - b
+    for route, mask in (("all", np.ones(7)), ("hidden", np.r_[np.ones(4), np.zeros(3)]),
+                        ("vector", np.r_[np.zeros(4), np.ones(3)])):
+        ur = flat(u) * mask
+        assert float(out[route]["decrease"]) == pytest.approx(-g64 @ ur, rel=1e-4)
+        assert float(out[route]["curvature"]) == pytest.approx(ur @ a @ ur, rel=1e-4)
+        assert float(out[route]["eta_star"]) == pytest.approx(-(g64 @ ur) / (ur @ a @ ur), rel=1e-4)
+    assert float(out["head"]["curvature"]) == 0.0  # no leaf on that route
+
+
+def test_route_labels_of_the_gpt():
+    from spectral_optax import lab
+
+    data = lab.load("text", context=8, sequence=True)
+    shapes = lab.gpt_family(data, vary="width", depth=2)(32).shapes()
+    import jax
+
+    paths = ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in
+             jax.tree_util.tree_flatten_with_path(shapes)[0]]
+    routes = dict(zip(paths, gpt_width.route_labels(shapes)))
+    assert routes["head/kernel"] == "head" and routes["head/bias"] == "vector"
+    assert routes["embed/embedding"] == routes["pos_embed/embedding"] == "embedding"
+    assert routes["blocks/attn/qkv/kernel"] == routes["blocks/mlp/dense_1/kernel"] == "hidden"
+    assert routes["blocks/ln_attn/scale"] == routes["ln_final/bias"] == "vector"
