@@ -30,6 +30,12 @@ from benchmarks._common import environment, time_update_steps, write_json
 from benchmarks.depth_transfer import _table
 from spectral_optax import lab
 
+#: printed by every --quick run (issue 21, item 5: a quick preset that does not reproduce its default's
+#: verdict says so)
+SMOKE_NOTE = ("--quick is a smoke run of the machinery (few depths / widths, few steps, one seed by default): "
+              "its spreads do not measure transfer; the measurement is `python -m benchmarks.{benchmark} "
+              "--preset {preset}` (docs/benchmarks.md)")
+
 #: every optimizer variant the depth paper compares (default runs pick a subset)
 ALL_OPTIMIZERS = ("muon", "moga1.5", "moga2", "moga2.5", "adamw")
 
@@ -308,6 +314,8 @@ def run_and_report(*, benchmark, family, data, cfg, preset, args, centers, tag, 
     """
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, f"{benchmark}_{preset}.jsonl")
+    if preset == "quick":
+        print(SMOKE_NOTE.format(benchmark=benchmark, preset="cpu"), flush=True)
     t0 = time.time()
     results, summary = run_sweeps(
         family=family, data=data, cfg=cfg, centers=centers, results_path=results_path,

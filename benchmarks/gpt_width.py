@@ -55,6 +55,7 @@ import optax  # noqa: E402
 
 import spectral_optax as so  # noqa: E402
 from benchmarks._common import environment, loglog_slope, parser, write_json  # noqa: E402
+from benchmarks._depth import SMOKE_NOTE  # noqa: E402
 from spectral_optax import lab  # noqa: E402
 
 OPTIMIZERS = ("muon", "moga", "mup_adamw", "spectral_sgd", "adamw_sp")
@@ -427,6 +428,8 @@ def main(argv=None):
     print(f"gpt width transfer ({preset}): widths {widths}, depth {cfg['depth']}, context {cfg['context']}, "
           f"batch {cfg['batch_size']}, {cfg['steps']} steps, {cfg['num_lrs']} LRs, seeds {cfg['seeds']}, "
           f"{cfg['dtype']}, backend {environment()['backend']}", flush=True)
+    if preset == "quick":
+        print(SMOKE_NOTE.format(benchmark="gpt_width", preset="cpu"), flush=True)
     t0 = time.time()
     results, summary = {}, {}
     for name in names:

@@ -156,3 +156,21 @@ def test_route_labels_of_the_gpt():
     assert routes["embed/embedding"] == routes["pos_embed/embedding"] == "embedding"
     assert routes["blocks/attn/qkv/kernel"] == routes["blocks/mlp/dense_1/kernel"] == "hidden"
     assert routes["blocks/ln_attn/scale"] == routes["ln_final/bias"] == "vector"
+
+
+@pytest.mark.slow
+def test_diagnose_end_to_end(tmp_path):
+    path = tmp_path / "drift.json"
+    gpt_width.main(["--quick", "--diagnose", "--widths", "16,32", "--seeds", "2", "--warm-steps", "2",
+                    "--batch-size", "2", "--context", "8", "--optimizers", "muon", "--json", str(path),
+                    "--out", str(tmp_path)])
+    res = json.loads(path.read_text())
+    muon = res["drift"]["muon"]
+    for route in ("all", "hidden", "head", "embedding", "vector"):
+        assert set(muon["eta_star"][route]) == {"16", "32"}
+        assert all(len(v) == 2 for v in muon["eta_star"][route].values())
+        assert set(muon["exponent"][route]) == {"mean", "per_seed", "interval"}
+    # a descent direction: positive first-order decrease along the whole update
+    assert all(d > 0 for v in muon["decrease"]["all"].values() for d in v)
+    with open(res["figure"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
