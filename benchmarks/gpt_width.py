@@ -351,8 +351,14 @@ def route_drift(data, cfg, names, seeds, warm_steps, batch_size=32, warm_lrs=Non
     return out
 
 
+def _signed(x) -> str:
+    return "nan" if x is None or not np.isfinite(x) else f"{x:+.2f}"
+
+
 def drift_figure(drift, widths, path, title):
-    """eta* (quadratic-model step) vs width per route, one panel per optimizer (seed mean, per-seed range)."""
+    """eta* (quadratic-model step) vs width per route, one panel per optimizer (seed mean; shaded: the
+    per-seed range where both ends are positive; a non-positive mean, i.e. no descent along that route on
+    average, is left out). ``drift``: :func:`route_drift`'s result or its JSON."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -366,14 +372,15 @@ def drift_figure(drift, widths, path, title):
             by_w = drift[name]["eta_star"].get(route)
             if not by_w:
                 continue
-            vals = [np.asarray(by_w[w], float) for w in widths]
-            mean = [float(np.mean(v)) if np.all(v > 0) else np.nan for v in vals]
+            vals = [np.asarray(by_w[w] if w in by_w else by_w[str(w)], float) for w in widths]  # JSON: str keys
+            mean = [float(np.mean(v)) if np.mean(v) > 0 else np.nan for v in vals]
             e = drift[name]["exponent"][route]
             ax.plot(widths, mean, "-o", ms=3, lw=1.8 if route == "all" else 1.0, color=f"C{k}",
-                    label=f"{route}: s = {e['mean']:+.2f} [{e['interval'][0]:+.2f}, {e['interval'][1]:+.2f}]")
-            lo = [float(np.min(v)) for v in vals]
-            hi = [float(np.max(v)) for v in vals]
-            ax.fill_between(widths, lo, hi, color=f"C{k}", alpha=0.15, lw=0)
+                    label=f"{route}: s = {_signed(e['mean'])} [{_signed(e['interval'][0])}, "
+                          f"{_signed(e['interval'][1])}]")
+            lo = np.array([float(np.min(v)) for v in vals])
+            hi = np.array([float(np.max(v)) for v in vals])
+            ax.fill_between(widths, lo, hi, where=lo > 0, color=f"C{k}", alpha=0.15, lw=0)  # per-seed range
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("width", fontsize=8)
