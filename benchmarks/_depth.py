@@ -90,12 +90,19 @@ def parser(description: str, presets) -> argparse.ArgumentParser:
     return p
 
 
-def config(args, presets) -> tuple[str, dict]:
+def preset_with_overrides(args, presets, keys) -> tuple[str, dict]:
+    """``(preset name, its config)`` (``--quick``, else ``--preset``, else ``'cpu'``) with every ``keys``
+    option the command line sets."""
     preset = "quick" if args.quick else (args.preset or "cpu")
     cfg = dict(presets[preset])
-    for key in ("steps", "num_lrs", "width", "batch_size", "dtype"):
+    for key in keys:
         if getattr(args, key, None) is not None:
             cfg[key] = getattr(args, key)
+    return preset, cfg
+
+
+def config(args, presets) -> tuple[str, dict]:
+    preset, cfg = preset_with_overrides(args, presets, ("steps", "num_lrs", "width", "batch_size", "dtype"))
     if args.depths:
         cfg["depths"] = tuple(int(d) for d in args.depths.split(","))
     if args.optimizers:

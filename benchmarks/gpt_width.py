@@ -56,6 +56,7 @@ import optax  # noqa: E402
 
 import spectral_optax as so  # noqa: E402
 from benchmarks._common import environment, loglog_slope, parser, write_json  # noqa: E402
+from benchmarks._depth import preset_with_overrides  # noqa: E402
 from spectral_optax import lab  # noqa: E402
 
 OPTIMIZERS = ("muon", "moga", "mup_adamw", "spectral_sgd", "adamw_sp")
@@ -94,11 +95,8 @@ def optimizer_factory(name: str, base_shapes=None):
 
 
 def configure(args) -> tuple[str, dict]:
-    preset = "quick" if args.quick else (args.preset or "cpu")
-    cfg = dict(PRESETS[preset])
-    for key in ("steps", "num_lrs", "batch_size", "depth", "context", "seeds", "dtype"):
-        if getattr(args, key, None) is not None:
-            cfg[key] = getattr(args, key)
+    preset, cfg = preset_with_overrides(args, PRESETS,
+                                        ("steps", "num_lrs", "batch_size", "depth", "context", "seeds", "dtype"))
     if args.widths:
         cfg["widths"] = tuple(int(w) for w in args.widths.split(","))
     if args.optimizers:
@@ -160,6 +158,17 @@ def table(summary, optimizers, widths, suffix="") -> str:
     return "\n".join(rows)
 
 
+def _save(fig, path, suptitle):
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(suptitle, fontsize=9)
+    fig.tight_layout()
+    lab.savefig(fig, path)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
+
+
 def loss_figure(results, summary, path, title):
     """Loss vs peak LR, one panel per optimizer (curves per width, stars at the best LR); train and
     validation rows."""
@@ -179,12 +188,7 @@ def loss_figure(results, summary, path, title):
             axes[i, j].title.set_fontsize(8)
             if j:
                 axes[i, j].set_ylabel("")
-    fig.suptitle(title + ": loss vs peak LR (warm-up + cosine), curves per width", fontsize=9)
-    fig.tight_layout()
-    lab.savefig(fig, path)
-    plt.close(fig)
-    print(f"wrote {path}")
-    return path
+    return _save(fig, path, title + ": loss vs peak LR (warm-up + cosine), curves per width")
 
 
 def best_lr_figure(summary, names, widths, path, title, grids=None):
@@ -226,13 +230,8 @@ def best_lr_figure(summary, names, widths, path, title, grids=None):
             if j == 0:
                 ax.set_ylabel("best peak LR", fontsize=8)
     axes[0, 0].legend(fontsize=6)
-    fig.suptitle(title + ": best LR vs width (best LR ~ width^s, [per-seed min, max]; grey: one grid step;"
-                 " y range: the LR grid)", fontsize=9)
-    fig.tight_layout()
-    lab.savefig(fig, path)
-    plt.close(fig)
-    print(f"wrote {path}")
-    return path
+    return _save(fig, path, title + ": best LR vs width (best LR ~ width^s, [per-seed min, max]; grey: one "
+                 "grid step; y range: the LR grid)")
 
 
 # --------------------------------------------------------------------------
@@ -389,12 +388,7 @@ def drift_figure(drift, widths, path, title):
         ax.grid(alpha=0.3, which="both", lw=0.4)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6)
-    fig.suptitle(title + ": quadratic-model step along each route of the update", fontsize=9)
-    fig.tight_layout()
-    lab.savefig(fig, path)
-    plt.close(fig)
-    print(f"wrote {path}")
-    return path
+    return _save(fig, path, title + ": quadratic-model step along each route of the update")
 
 
 def build_parser():
