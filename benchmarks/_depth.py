@@ -1,7 +1,9 @@
 """Shared machinery of the depth benchmarks on real architectures (GPT, ResNet).
 
 One run = every optimizer variant (``{optimizer}/scaled``: branches
-``h + (2/K) f(h)``; ``{optimizer}/unscaled``: ``h + f(h)``) swept over an LR
+``h + (2/K) f(h)``; ``{optimizer}/unscaled``: ``h + f(h)``; with ``--forms``
+also ``{optimizer}/depth_mup``: Depth-muP, ``h + sqrt(2/K) f(h)`` and the block
+parameters' learning rate times ``sqrt(2/K)``, ``so.depth_lr_scale``) swept over an LR
 grid at every depth with ``spectral_optax.lab.sweep`` (vmapped over the grid,
 resumable JSONL, warm-up + cosine schedule over the peak LR, train and
 validation loss). The JSON ``summary`` has the schema of
@@ -28,8 +30,27 @@ from benchmarks._common import environment, time_update_steps, write_json
 from benchmarks.depth_transfer import _table
 from spectral_optax import lab
 
+#: printed by every --quick run (issue 21, item 5: a quick preset that does not reproduce its default's
+#: verdict says so)
+SMOKE_NOTE = ("--quick is a smoke run of the machinery (few depths / widths, few steps, one seed by default): "
+              "its spreads do not measure transfer; the measurement is `python -m benchmarks.{benchmark} "
+              "--preset {preset}` (docs/benchmarks.md)")
+
 #: every optimizer variant the depth paper compares (default runs pick a subset)
 ALL_OPTIMIZERS = ("muon", "moga1.5", "moga2", "moga2.5", "adamw")
+
+#: depth rules: form -> (exponent a of alpha = (2/K)**a, companion LR (2/K)**(1-a) on the blocks?)
+FORMS = {"unscaled": (0.0, False), "scaled": (1.0, False), "depth_mup": (0.5, True)}
+FORM_LABELS = {"unscaled": "h + f(h)", "scaled": "h + (2/K) f(h)", "depth_mup": "h + sqrt(2/K) f(h), LR*sqrt(2/K)"}
+
+
+def form_factory(name: str, form: str):
+    """``(lr, depth) -> GradientTransformation``: the optimizer with the form's companion learning rate."""
+    base = optimizer_factory(name)
+    exponent, companion = FORMS[form]
+    if not companion:
+        return base
+    return lambda lr, depth: optax.chain(base(lr), so.depth_lr_scale(depth, exponent=exponent))
 
 
 def optimizer_factory(name: str):
@@ -61,41 +82,55 @@ def parser(description: str, presets) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="batch size (overrides the preset)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="computation dtype (bfloat16 for accelerators; parameters stay float32)")
+    p.add_argument("--forms", default=None,
+                   help=f"comma-separated depth rules among {','.join(FORMS)} (default unscaled,scaled)")
     p.add_argument("--schedule", choices=("warmup_cosine", "constant"), default="warmup_cosine")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     _devices.add_arguments(p)
     return p
 
 
-def config(args, presets) -> tuple[str, dict]:
+def preset_with_overrides(args, presets, keys) -> tuple[str, dict]:
+    """``(preset name, its config)`` (``--quick``, else ``--preset``, else ``'cpu'``) with every ``keys``
+    option the command line sets."""
     preset = "quick" if args.quick else (args.preset or "cpu")
     cfg = dict(presets[preset])
-    for key in ("steps", "num_lrs", "width", "batch_size", "dtype"):
+    for key in keys:
         if getattr(args, key, None) is not None:
             cfg[key] = getattr(args, key)
+    return preset, cfg
+
+
+def config(args, presets) -> tuple[str, dict]:
+    preset, cfg = preset_with_overrides(args, presets, ("steps", "num_lrs", "width", "batch_size", "dtype"))
     if args.depths:
         cfg["depths"] = tuple(int(d) for d in args.depths.split(","))
     if args.optimizers:
         cfg["optimizers"] = ALL_OPTIMIZERS if args.optimizers == "all" else tuple(args.optimizers.split(","))
     for name in cfg["optimizers"]:
         optimizer_factory(name)  # fail early on a typo
+    cfg["forms"] = tuple(args.forms.split(",")) if getattr(args, "forms", None) else ("unscaled", "scaled")
+    unknown = [f for f in cfg["forms"] if f not in FORMS]
+    if unknown:
+        raise SystemExit(f"unknown forms {unknown}; have {list(FORMS)}")
     return preset, cfg
 
 
 def run_sweeps(*, family, data, cfg, centers, results_path, seeds, tag, schedule, progress,
                eval_examples=256, val_curve=True, devices=None):
-    """Sweep every optimizer x {unscaled, scaled}; returns (results, summary), printing as it goes.
+    """Sweep every optimizer x form (``cfg['forms']``, default unscaled and scaled); returns
+    (results, summary), printing as it goes.
 
-    ``family(scaled: bool) -> (depth -> lab.Model)``; ``centers[name]``: LR-grid center.
+    ``family(form: str) -> (depth -> lab.Model)``; ``centers[name]``: LR-grid center.
     """
     t0 = time.time()
     results, summary = {}, {}
     for name in cfg["optimizers"]:
         grid = lab.lr_grid(centers[name], cfg["num_lrs"])
-        for form in ("unscaled", "scaled"):
+        for form in cfg.get("forms", ("unscaled", "scaled")):
             key = f"{name}/{form}"
             res = lab.sweep(
-                family(form == "scaled"), optimizer_factory(name), sizes=cfg["depths"], lrs=grid,
+                family(form), form_factory(name, form), sizes=cfg["depths"], lrs=grid,
                 data=data, steps=cfg["steps"], batch_size=cfg["batch_size"], seeds=list(range(seeds)),
                 results=results_path, name=key, tag=tag, size_name="depth", progress=progress,
                 schedule=schedule, eval_examples=eval_examples, val_curve=val_curve,
@@ -125,7 +160,7 @@ def throughput(results, units_per_step: int) -> dict:
 
 
 def sweep_figures(results, out, prefix, unit_title):
-    """Papers' style: one panel per optimizer (columns), unscaled / scaled rows,
+    """Papers' style: one panel per optimizer (columns), one row per form (unscaled, scaled, depth_mup),
     curves per depth, stars at the best LR; one figure for train, one for
     validation loss. Returns the paths."""
     import matplotlib
@@ -134,20 +169,20 @@ def sweep_figures(results, out, prefix, unit_title):
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys(k.split("/")[0] for k in results))
+    forms = [f for f in FORMS if any(k.split("/")[1] == f for k in results)]
     paths = []
     for metric, label in (("train_loss", "train"), ("val_loss", "val")):
-        fig, axes = plt.subplots(2, len(names), figsize=(2.9 * len(names) + 0.4, 5.4), squeeze=False,
-                                 sharey="row")
+        fig, axes = plt.subplots(len(forms), len(names), figsize=(2.9 * len(names) + 0.4, 2.7 * len(forms)),
+                                 squeeze=False, sharey="row")
         for j, name in enumerate(names):
-            for i, form in enumerate(("unscaled", "scaled")):
+            for i, form in enumerate(forms):
                 res = results.get(f"{name}/{form}")
                 if res is None:
                     axes[i, j].set_visible(False)
                     continue
                 s = res.summary(metric)
-                what = "h + f(h)" if form == "unscaled" else "h + (2/K) f(h)"
                 lab.plot_sweep(res, ax=axes[i, j], metric=metric,
-                               title=f"{name}, {what}\nspread {s['spread_steps']:.2f} steps")
+                               title=f"{name}, {FORM_LABELS[form]}\nspread {s['spread_steps']:.2f} steps")
                 axes[i, j].title.set_fontsize(8)
                 if j:
                     axes[i, j].set_ylabel("")
@@ -182,7 +217,7 @@ def timed_train_steps(family, data, cfg, lrs: dict, depth: int, reps: int = 15) 
     rests on ratios measured side by side, not on the sweep's per-run shares taken at different times."""
     import jax
 
-    model = family(True)(depth)
+    model = family("scaled")(depth)
     params = model.init(jax.random.key(0))
     x, y = data.numpy_batch("train", np.arange(cfg["batch_size"]))
     fns = {}
@@ -286,6 +321,8 @@ def run_and_report(*, benchmark, family, data, cfg, preset, args, centers, tag, 
     """
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, f"{benchmark}_{preset}.jsonl")
+    if preset == "quick":
+        print(SMOKE_NOTE.format(benchmark=benchmark, preset="cpu"), flush=True)
     t0 = time.time()
     results, summary = run_sweeps(
         family=family, data=data, cfg=cfg, centers=centers, results_path=results_path,

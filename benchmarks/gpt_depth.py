@@ -3,7 +3,10 @@
 The depth paper's Figures 2 and 4 on a small byte-level GPT: pre-LN decoder
 (``spectral_optax.nn.linen.Transformer``, fused QKV, GELU MLP, learned
 positions, untied head, Parametrization-1 init), K blocks with every branch
-``h + alpha f(h)``: ``alpha = 2 / K`` (scaled) or ``1`` (unscaled). Each
+``h + alpha f(h)``: ``alpha = 2 / K`` (scaled) or ``1`` (unscaled); ``--forms`` adds
+Depth-muP (``depth_mup``: ``alpha = sqrt(2 / K)`` and the block parameters' peak LR
+times ``sqrt(2 / K)``, its companion rule; docs/math.md section 5) for the depth rules
+side by side. Each
 optimizer variant is swept over a factor-2 grid of *peak* LRs (linear warm-up
 over 5% of the steps, cosine decay to 0) at every depth; train loss (last 5%
 of steps) and validation loss (held-out last 10% of the text) are both
@@ -12,6 +15,7 @@ recorded and reported.
     python -m benchmarks.gpt_depth [--quick | --preset cpu|gpu] [--json PATH] [--out DIR]
         [--seeds K] [--optimizers muon,moga1.5,moga2,moga2.5,adamw | all] [--data text|text:PATH]
         [--depths 2,4,8] [--steps N] [--width W] [--context T] [--batch-size B] [--dtype bfloat16]
+        [--forms unscaled,scaled,depth_mup]
 
 Outputs in OUT: ``gpt_depth_<preset>.jsonl`` (every run; rerunning resumes),
 ``gpt_depth_<preset>_train.png`` / ``_val.png`` (loss vs LR, one panel per
@@ -67,8 +71,10 @@ def main(argv=None):
     dtype = jnp.bfloat16 if cfg["dtype"] == "bfloat16" else None
     tag = f"gpt-w{cfg['width']}-T{cfg['context']}-{cfg['dtype']}"
 
-    def family(scaled):
-        return lab.gpt_family(data, width=cfg["width"], scaled=scaled, dtype=dtype)
+    def family(form):
+        exponent, _ = _depth.FORMS[form]
+        return lab.gpt_family(data, width=cfg["width"], scaled=form != "unscaled", dtype=dtype,
+                              exponent=exponent if form != "unscaled" else 1.0)
 
     return _depth.run_and_report(
         benchmark="gpt_depth", family=family, data=data, cfg=cfg, preset=preset, args=args, centers=CENTERS,

@@ -92,6 +92,10 @@ def main(argv=None):
     if unknown:
         raise SystemExit(f"unknown optimizers {unknown}; have {list(CENTERS)}")
 
+    if preset == "quick":
+        from benchmarks._depth import SMOKE_NOTE
+
+        print(SMOKE_NOTE.format(benchmark="joint_transfer", preset="cpu").replace(" --preset cpu", ""), flush=True)
     data = lab.load("text", context=8)
     families = {w: lab.mlp_family(data, vary="depth", width=w, residual=True, alpha=lambda k: 2 / k,
                                   init="spectral") for w in cfg["widths"]}

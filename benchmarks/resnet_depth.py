@@ -66,8 +66,11 @@ def main(argv=None):
     dtype = jnp.bfloat16 if cfg["dtype"] == "bfloat16" else None
     tag = f"resnet-w{cfg['width']}-{cfg['dtype']}"
 
-    def family(scaled):
-        return lab.resnet_family(data, width=cfg["width"], scaled=scaled, dtype=dtype)
+    if "depth_mup" in cfg["forms"]:
+        raise SystemExit("--forms depth_mup: only benchmarks.gpt_depth builds the Depth-muP ResNet rule so far")
+
+    def family(form):
+        return lab.resnet_family(data, width=cfg["width"], scaled=form == "scaled", dtype=dtype)
 
     return _depth.run_and_report(
         benchmark="resnet_depth", family=family, data=data, cfg=cfg, preset=preset, args=args, centers=CENTERS,

@@ -21,7 +21,10 @@ from spectral_optax import initializers
 
 # Depth: inverse-depth residual scaling.
 from spectral_optax._depth import (
+    BLOCK_PATTERN,
     BRANCH_OUT_PATTERN,
+    depth_lr_multiplier,
+    depth_lr_scale,
     depth_residual_scale,
     depth_scaled_init,
     residual_alpha,
@@ -173,8 +176,11 @@ __all__ = [
     "moga",
     "moga_labels",
     "rescaled_adamw",
+    "BLOCK_PATTERN",
     "BRANCH_OUT_PATTERN",
     "decoupled_weight_decay",
+    "depth_lr_multiplier",
+    "depth_lr_scale",
     "depth_residual_scale",
     "depth_scaled_init",
     "residual_alpha",

@@ -2,12 +2,19 @@
 
 A residual network ``h_{k+1} = h_k + alpha * f_k(h_k)``, ``k = 1..K``, with
 
-    alpha = K_base / K            (K_base = ``base_blocks``, default 2)
+    alpha = (K_base / K) ** a     (K_base = ``base_blocks``, default 2;
+                                   a = ``exponent``, default 1)
 
-has a Lipschitz constant and an L-smoothness constant of the loss that do not
-grow with depth, so one learning rate tuned at small depth serves at large
-depth for optimizers whose steps are bounded in their norm (Muon, MOGA,
-normalized SGD, AdamW up to epsilon).
+With ``a = 1`` (inverse-depth scaling, the rule of Wong, Xu, Li, Lu 2026 and
+of CompleteP) the loss has a Lipschitz constant and an L-smoothness constant
+that do not grow with depth, so one learning rate tuned at small depth serves
+at large depth for optimizers whose steps are bounded in their norm (Muon,
+MOGA, normalized SGD, AdamW up to epsilon). ``a = 1/2`` is Depth-muP's
+``1 / sqrt(K)`` branch multiplier.
+
+**The companion learning rate of an exponent** ``a != 1``: the block
+parameters' learning rate times :func:`depth_lr_multiplier`
+(:func:`depth_lr_scale`), derived in docs/math.md section 5.
 
 **Explicit form.** The model multiplies each residual branch's output by
 ``alpha`` (``spectral_optax.nn`` blocks do this by default).
@@ -65,11 +72,13 @@ too). Add the decay after it with :func:`decoupled_weight_decay`::
 
 References:
   Wong, Xu, Li, Lu (2026), inverse-depth residual scaling (docs/math.md
-  section 5). Related: Depth-muP (1/sqrt(L) branches), CompleteP (1/L).
+  section 5). Yang, Yu, Zhu, Hayou (2023), Depth-muP (1/sqrt(L) branches,
+  Adam LR eta/sqrt(L)); Dey et al. (2025), CompleteP (1/L branches).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -88,7 +97,10 @@ from spectral_optax._geometry import (
 )
 
 __all__ = [
+    "BLOCK_PATTERN",
     "BRANCH_OUT_PATTERN",
+    "depth_lr_multiplier",
+    "depth_lr_scale",
     "depth_residual_scale",
     "depth_scaled_init",
     "residual_alpha",
@@ -103,27 +115,80 @@ __all__ = [
 #: '/'-joined parameter path.
 BRANCH_OUT_PATTERN = r"(?i)(^|/)blocks(_\d+)?/((mlp/)?dense_1|attn/out)/(kernel|bias)$"
 
+#: Default ``mask`` of :func:`depth_lr_scale`: every parameter of every residual
+#: block of the ``spectral_optax.nn`` models (``blocks/...`` scanned,
+#: ``blocks_{k}/...`` unrolled, ResNet ``stage_{s}_blocks_{k}/...``); not the
+#: embeddings, input projection, stage transitions, final norm or head.
+BLOCK_PATTERN = r"(?i)(^|/)(stage_\d+_)?blocks(_\d+)?/"
+
 OPTIMIZER_KINDS = ("scale_invariant", "sgd")
 
 MaskLike = Any  # str | Sequence[str] | Callable[[str, Geometry], bool] | Callable[[params], tree] | tree
 
 
-def residual_alpha(num_blocks: int, base_blocks: int = 2, *, alpha: float | None = None) -> float:
-    """The branch multiplier ``alpha = base_blocks / num_blocks``.
+def _check_depth(num_blocks, base_blocks, exponent) -> None:
+    if int(num_blocks) != num_blocks or num_blocks < 1:
+        raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+    if not base_blocks > 0:
+        raise ValueError(f"base_blocks must be positive, got {base_blocks!r}")
+    try:
+        a = float(exponent)
+    except (TypeError, ValueError):
+        a = float("nan")
+    if not (math.isfinite(a) and a >= 0.0):
+        raise ValueError(
+            f"exponent must be a finite number >= 0, got {exponent!r}: 1 for inverse-depth scaling "
+            "(alpha = K_base / K), 0.5 for Depth-muP (alpha = sqrt(K_base / K)), 0 for no scaling."
+        )
+
+
+def residual_alpha(
+    num_blocks: int, base_blocks: int = 2, *, alpha: float | None = None, exponent: float = 1.0
+) -> float:
+    """The branch multiplier ``alpha = (base_blocks / num_blocks) ** exponent``.
 
     Args:
       num_blocks: ``K``, the number of residual blocks of the network.
       base_blocks: ``K_base``, the depth at which ``alpha = 1`` (the depth the
         learning rate is tuned at; 2 in the paper's residual-MLP runs).
       alpha: an explicit multiplier that wins when given (``1.0``: unscaled).
+      exponent: ``a``: 1 (default) for inverse-depth scaling, 0.5 for
+        Depth-muP's ``1 / sqrt(K)`` rule (train it with its companion
+        learning rate, :func:`depth_lr_scale`).
     """
     if alpha is not None:
         return float(alpha)
-    if int(num_blocks) != num_blocks or num_blocks < 1:
-        raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
-    if base_blocks <= 0:
-        raise ValueError(f"base_blocks must be positive, got {base_blocks!r}")
-    return float(base_blocks) / float(num_blocks)
+    _check_depth(num_blocks, base_blocks, exponent)
+    return (float(base_blocks) / float(num_blocks)) ** float(exponent)
+
+
+def depth_lr_multiplier(
+    num_blocks: int, base_blocks: int = 2, *, exponent: float = 1.0, optimizer_kind: str = "scale_invariant"
+) -> float:
+    """The companion learning-rate factor of the block parameters for exponent ``a``.
+
+    ``(K_base / K) ** (1 - a)`` for scale-invariant optimizers (Muon, MOGA,
+    normalized SGD, Adam), ``(K_base / K) ** (1 - 2 a)`` for plain SGD; the
+    derivation is in docs/math.md section 5. 1 for ``a = 1`` with a
+    scale-invariant optimizer: inverse-depth scaling needs no correction.
+
+    Args:
+      num_blocks: ``K``; base_blocks: ``K_base`` (the factor is 1 there).
+      exponent: ``a`` of the branch multiplier ``alpha = (K_base / K) ** a``.
+      optimizer_kind: ``'scale_invariant'`` or ``'sgd'``.
+    """
+    _check_kind(optimizer_kind)
+    _check_depth(num_blocks, base_blocks, exponent)
+    power = 1.0 - float(exponent) if optimizer_kind == "scale_invariant" else 1.0 - 2.0 * float(exponent)
+    return (float(base_blocks) / float(num_blocks)) ** power
+
+
+def _check_kind(optimizer_kind: str) -> None:
+    if optimizer_kind not in OPTIMIZER_KINDS:
+        raise ValueError(
+            f"optimizer_kind must be one of {OPTIMIZER_KINDS}, got {optimizer_kind!r}: "
+            "'scale_invariant' for Muon / MOGA / spectral SGD / Adam, 'sgd' for plain SGD."
+        )
 
 
 def scale_init(init: Callable, alpha: float) -> Callable:
@@ -210,26 +275,28 @@ def depth_scaled_init(
     num_blocks: int,
     base_blocks: int = 2,
     *,
+    exponent: float = 1.0,
     mask: MaskLike = BRANCH_OUT_PATTERN,
     geometry: GeometryLike = None,
 ):
     """Absorbed-form init: multiply the selected (branch-last-layer) params by alpha.
 
     ``W' = alpha * W`` and ``b' = alpha * b`` with
-    ``alpha = base_blocks / num_blocks``, so that a network with unit branch
-    multipliers computes exactly what the explicit ``h + alpha * f(h)``
-    network computes with ``W, b``. Dtypes are preserved.
+    ``alpha = (base_blocks / num_blocks) ** exponent``, so that a network with
+    unit branch multipliers computes exactly what the explicit
+    ``h + alpha * f(h)`` network computes with ``W, b``. Dtypes are preserved.
 
     Args:
       params: a freshly initialized parameter tree (Linen dict or nnx.State).
       num_blocks: ``K``; base_blocks: ``K_base``.
+      exponent: ``a`` of ``alpha = (K_base / K) ** a`` (see :func:`residual_alpha`).
       mask: the branch-last layers; see :func:`residual_branch_mask`.
       geometry: only used by a ``(path, geometry)`` mask.
 
     Returns:
       The parameter tree with the selected leaves multiplied by alpha.
     """
-    alpha = residual_alpha(num_blocks, base_blocks)
+    alpha = residual_alpha(num_blocks, base_blocks, exponent=exponent)
     mask_fn = residual_branch_mask(mask, geometry)
     _check_selection(mask_fn, params, "depth_scaled_init")
     labels = mask_fn(params)
@@ -247,6 +314,7 @@ def depth_residual_scale(
     num_blocks: int,
     base_blocks: int = 2,
     *,
+    exponent: float = 1.0,
     mask: MaskLike = BRANCH_OUT_PATTERN,
     geometry: GeometryLike = None,
     optimizer_kind: str = "scale_invariant",
@@ -256,7 +324,7 @@ def depth_residual_scale(
     Multiplies the updates of each residual branch's last layer (selected by
     ``mask``) by
 
-      * ``alpha = base_blocks / num_blocks`` for scale-invariant optimizers
+      * ``alpha = (base_blocks / num_blocks) ** exponent`` for scale-invariant optimizers
         (``optimizer_kind='scale_invariant'``: Muon, MOGA, spectral /
         normalized SGD, sign descent, Adam up to epsilon), placed *after*
         the normalization;
@@ -276,6 +344,8 @@ def depth_residual_scale(
     Args:
       num_blocks: ``K``, the number of residual blocks.
       base_blocks: ``K_base`` (default 2): the depth where ``alpha = 1``.
+      exponent: ``a`` of ``alpha = (K_base / K) ** a`` (default 1; 0.5 for
+        Depth-muP, with :func:`depth_lr_scale` for its learning rate).
       mask: the last layer (kernel and bias) of every residual branch: a
         regex on the '/'-joined path (default :data:`BRANCH_OUT_PATTERN`, the
         ``spectral_optax.nn`` naming), a sequence of regexes, a callable
@@ -297,18 +367,62 @@ def depth_residual_scale(
     References:
       Wong, Xu, Li, Lu (2026); docs/math.md section 5 (absorbed form).
     """
-    if optimizer_kind not in OPTIMIZER_KINDS:
-        raise ValueError(
-            f"optimizer_kind must be one of {OPTIMIZER_KINDS}, got {optimizer_kind!r}: "
-            "'scale_invariant' for Muon / MOGA / spectral SGD / Adam, 'sgd' for plain SGD."
-        )
-    alpha = residual_alpha(num_blocks, base_blocks)
+    _check_kind(optimizer_kind)
+    alpha = residual_alpha(num_blocks, base_blocks, exponent=exponent)
     factor = alpha if optimizer_kind == "scale_invariant" else alpha**2
-    mask_fn = residual_branch_mask(mask, geometry)
+    return _scale_selected(factor, residual_branch_mask(mask, geometry), "depth_residual_scale")
+
+
+def depth_lr_scale(
+    num_blocks: int,
+    base_blocks: int = 2,
+    *,
+    exponent: float,
+    mask: MaskLike = BLOCK_PATTERN,
+    geometry: GeometryLike = None,
+    optimizer_kind: str = "scale_invariant",
+) -> optax.GradientTransformation:
+    """The companion learning rate of a residual-scale exponent, as a gradient transformation.
+
+    Multiplies the updates of every block parameter (selected by ``mask``) by
+    :func:`depth_lr_multiplier`, ``(K_base / K) ** (1 - a)`` for
+    scale-invariant optimizers (``(K_base / K) ** (1 - 2 a)`` for SGD), and
+    leaves the others (embeddings, head, final norm) unchanged: a per-layer
+    learning-rate multiplier, so it goes *after* the complete optimizer
+    (decay included: a learning rate multiplies the decoupled decay too)::
+
+        optax.chain(so.muon(lr), so.depth_lr_scale(K, exponent=0.5))
+
+    With the network's branches multiplied by ``sqrt(K_base / K)``
+    (``exponent=0.5``, e.g. ``so.nn.linen.Transformer(..., exponent=0.5)``)
+    this is Depth-muP; with ``exponent=1`` the factor is 1 (scale-invariant).
+
+    Args:
+      num_blocks: ``K``, the number of residual blocks.
+      base_blocks: ``K_base`` (default 2): the depth where the factor is 1.
+      exponent: ``a`` of the branch multiplier ``alpha = (K_base / K) ** a``.
+      mask: the block parameters: a regex on the '/'-joined path (default
+        :data:`BLOCK_PATTERN`), or any ``mask`` of :func:`depth_residual_scale`.
+      geometry: resolves each leaf's geometry for a ``(path, geometry)`` mask.
+      optimizer_kind: ``'scale_invariant'`` or ``'sgd'``.
+
+    Returns:
+      An ``optax.GradientTransformation`` with an empty state; update dtypes
+      are preserved.
+
+    Raises:
+      GeometryError: at ``init`` if the mask selects no parameter.
+    """
+    factor = depth_lr_multiplier(num_blocks, base_blocks, exponent=exponent, optimizer_kind=optimizer_kind)
+    return _scale_selected(factor, residual_branch_mask(mask, geometry), "depth_lr_scale")
+
+
+def _scale_selected(factor: float, mask_fn, where: str) -> optax.GradientTransformationExtraArgs:
+    """Multiply the updates of the leaves ``mask_fn`` selects by ``factor`` (empty state)."""
 
     def init_fn(params):
         if jax.tree_util.tree_leaves(params):  # not optax.tree_map_params' empty placeholder
-            _check_selection(mask_fn, params, "depth_residual_scale")
+            _check_selection(mask_fn, params, where)
         return optax.EmptyState()
 
     def update_fn(updates, state, params=None, **extra_args):

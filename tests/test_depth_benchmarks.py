@@ -78,3 +78,24 @@ def test_joint_transfer_schema(tmp_path):
     assert len(res["runs"]) == 3 * len(configs) * 2
     with open(res["figure"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpt_depth_rules_side_by_side(tmp_path):
+    """``--forms scaled,depth_mup``: both rules recorded; at K = K_base = 2 they are the same network and
+    the same optimizer (alpha = 1, LR factor 1), so the losses agree; at K = 4 they differ."""
+    from benchmarks import gpt_depth
+
+    path = tmp_path / "rules.json"
+    gpt_depth.main(["--quick", "--depths", "2,4", "--steps", "4", "--num-lrs", "2", "--optimizers", "adamw",
+                    "--forms", "scaled,depth_mup", "--batch-size", "4", "--context", "16", "--json", str(path),
+                    "--out", str(tmp_path), "--no-progress"])
+    res = json.loads(path.read_text())
+    assert {"adamw/scaled", "adamw/depth_mup", "adamw/depth_mup/val"} <= set(res["summary"])
+    by = {(r["name"], r["size"], r["lr"]): r["train_loss"] for r in res["runs"]}
+    for (name, size, lr), loss in by.items():
+        if name == "adamw/depth_mup":
+            other = by[("adamw/scaled", size, lr)]
+            if size == 2:
+                assert loss == pytest.approx(other, rel=1e-5)
+            else:
+                assert abs(loss - other) > 1e-4

@@ -1,8 +1,9 @@
 """Residual building blocks for Flax Linen with an explicit branch multiplier.
 
 Every residual block computes ``h + alpha * f(h)`` with
-``alpha = base_blocks / num_blocks`` (inverse-depth scaling; set ``alpha=1.0``
-for the unscaled baseline). With ``absorbed=True`` the multiplier is 1 and the
+``alpha = (base_blocks / num_blocks) ** exponent`` (``exponent=1``, the
+default: inverse-depth scaling; ``0.5``: Depth-muP; set ``alpha=1.0`` for the
+unscaled baseline). With ``absorbed=True`` the multiplier is 1 and the
 branch's last layer (kernel and bias) is initialized times ``alpha`` instead:
 the absorbed form, to be trained with
 :func:`spectral_optax.depth_residual_scale`.
@@ -255,8 +256,10 @@ class ResidualMLP(nn.Module):
       features: residual width.
       num_blocks: K.
       out_features: head width (classes / vocabulary).
-      base_blocks: K_base; ``alpha = base_blocks / num_blocks`` unless
-        ``alpha`` is given (``alpha=1.0``: the unscaled baseline).
+      base_blocks: K_base; ``alpha = (base_blocks / num_blocks) ** exponent``
+        unless ``alpha`` is given (``alpha=1.0``: the unscaled baseline).
+      exponent: ``a`` of the rule (1: inverse depth, default; 0.5: Depth-muP's
+        ``1 / sqrt(K)``, trained with :func:`spectral_optax.depth_lr_scale`).
       absorbed: unit multiplier and ``alpha``-scaled init of ``dense_1``
         (train with :func:`spectral_optax.depth_residual_scale`).
       hidden_features: branch inner width (default ``features``).
@@ -270,6 +273,7 @@ class ResidualMLP(nn.Module):
     out_features: int
     base_blocks: int = 2
     alpha: float | None = None
+    exponent: float = 1.0
     absorbed: bool = False
     hidden_features: int | None = None
     vocab_size: int | None = None
@@ -280,7 +284,7 @@ class ResidualMLP(nn.Module):
 
     @property
     def branch_alpha(self) -> float:
-        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha)
+        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha, exponent=self.exponent)
 
     @nn.compact
     def __call__(self, x):
@@ -333,6 +337,7 @@ class Transformer(nn.Module):
     mlp_ratio: int = 4
     base_blocks: int = 2
     alpha: float | None = None
+    exponent: float = 1.0
     absorbed: bool = False
     scan: bool = True
     qkv: str = "split"
@@ -343,7 +348,7 @@ class Transformer(nn.Module):
 
     @property
     def branch_alpha(self) -> float:
-        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha)
+        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha, exponent=self.exponent)
 
     @nn.compact
     def __call__(self, tokens):
@@ -420,7 +425,8 @@ class ResNet(nn.Module):
     ``conv_down_{s}`` doubles the channels and halves the resolution (outside
     the residual stacks, so only the blocks change with K). Then ``ln_final``,
     ReLU, global average pooling and ``head``. ``alpha = base_blocks / K``
-    (K = blocks per stage) unless ``alpha`` is given (``1.0``: unscaled);
+    (K = blocks per stage; ``(base_blocks / K) ** exponent`` with
+    ``exponent``, default 1) unless ``alpha`` is given (``1.0``: unscaled);
     ``absorbed=True`` uses a unit multiplier and initializes ``conv_1`` times
     ``alpha`` (mask: :data:`RESNET_BRANCH_OUT_PATTERN`).
 
@@ -437,6 +443,7 @@ class ResNet(nn.Module):
     num_classes: int
     base_blocks: int = 2
     alpha: float | None = None
+    exponent: float = 1.0
     absorbed: bool = False
     kernel_init: Initializer = default_kernel_init
     dtype: Any = None
@@ -444,7 +451,7 @@ class ResNet(nn.Module):
 
     @property
     def branch_alpha(self) -> float:
-        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha)
+        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha, exponent=self.exponent)
 
     @nn.compact
     def __call__(self, x):

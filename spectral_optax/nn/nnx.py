@@ -10,8 +10,9 @@ compiles as fast as depth 2. Pass the live model as ``geometry=model`` to the
 optimizers: :meth:`spectral_optax.GeometryMap.from_nnx` reads the stacked
 layouts exactly.
 
-Every block computes ``h + alpha * f(h)``, ``alpha = base_blocks / num_blocks``
-(``alpha=1.0``: the unscaled baseline); ``absorbed=True`` uses a unit
+Every block computes ``h + alpha * f(h)``,
+``alpha = (base_blocks / num_blocks) ** exponent`` (``exponent=1`` by
+default; 0.5: Depth-muP; ``alpha=1.0``: the unscaled baseline); ``absorbed=True`` uses a unit
 multiplier and initializes the branch's last layer (kernel and bias) times
 ``alpha`` (train with :func:`spectral_optax.depth_residual_scale`).
 
@@ -226,8 +227,10 @@ class ResidualMLP(nnx.Module):
     Args:
       in_features: input width (for token inputs: the context length).
       features: residual width; num_blocks: K; out_features: head width.
-      base_blocks: K_base; ``alpha = base_blocks / num_blocks`` unless given.
+      base_blocks: K_base; ``alpha = (base_blocks / num_blocks) ** exponent``
+        unless given.
       alpha: branch multiplier override (``1.0``: unscaled baseline).
+      exponent: ``a`` of the rule (1: inverse depth; 0.5: Depth-muP).
       absorbed: unit multiplier, ``alpha``-scaled init of ``dense_1``.
       hidden_features: branch inner width (default ``features``).
       vocab_size: if set, integer inputs ``(..., in_features)`` are embedded
@@ -243,6 +246,7 @@ class ResidualMLP(nnx.Module):
         *,
         base_blocks: int = 2,
         alpha: float | None = None,
+        exponent: float = 1.0,
         absorbed: bool = False,
         hidden_features: int | None = None,
         vocab_size: int | None = None,
@@ -251,7 +255,7 @@ class ResidualMLP(nnx.Module):
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        a = residual_alpha(num_blocks, base_blocks, alpha=alpha)
+        a = residual_alpha(num_blocks, base_blocks, alpha=alpha, exponent=exponent)
         self.branch_alpha = a
         kw = dict(dtype=dtype, param_dtype=param_dtype)
         self.vocab_size = vocab_size
@@ -299,6 +303,7 @@ class Transformer(nnx.Module):
         mlp_ratio: int = 4,
         base_blocks: int = 2,
         alpha: float | None = None,
+        exponent: float = 1.0,
         absorbed: bool = False,
         scan: bool = True,
         qkv: str = "split",
@@ -308,7 +313,7 @@ class Transformer(nnx.Module):
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        a = residual_alpha(num_blocks, base_blocks, alpha=alpha)
+        a = residual_alpha(num_blocks, base_blocks, alpha=alpha, exponent=exponent)
         self.branch_alpha = a
         self.max_len = max_len
         kw = dict(dtype=dtype, param_dtype=param_dtype)
@@ -391,13 +396,14 @@ class ResNet(nnx.Module):
         *,
         base_blocks: int = 2,
         alpha: float | None = None,
+        exponent: float = 1.0,
         absorbed: bool = False,
         kernel_init: Initializer = default_kernel_init,
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        a = residual_alpha(num_blocks, base_blocks, alpha=alpha)
+        a = residual_alpha(num_blocks, base_blocks, alpha=alpha, exponent=exponent)
         self.branch_alpha = a
         self.num_blocks = num_blocks
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}

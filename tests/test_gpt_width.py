@@ -1,0 +1,176 @@
+"""benchmarks.gpt_width: the analysis and reporting machinery on synthetic sweeps (seconds), and one
+tiny end-to-end run (slow: schema, resume, figures).
+
+The synthetic runs have a known answer: each seed's loss is an exact parabola in log2(LR) with its
+minimum at ``c_seed * width ** s_seed`` (a grid point), so the refined best LR, the fitted exponent of
+every seed and of the seed average, and the spread are computed here in float64 from those choices.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import gpt_width
+
+WIDTHS = (32, 64, 128, 256)
+GRID = [2.0**k for k in range(-12, 0)]  # factor-2 grid
+
+
+def _runs(exponents, scale=1e-2):
+    """Synthetic records: seed i's loss = 3 + 0.1 (log2 lr - log2 lr*_i(w))^2, lr*_i(w) on the grid."""
+    runs = []
+    for seed, s in enumerate(exponents):
+        for w in WIDTHS:
+            star = 2.0 ** round(math.log2(scale * (w / WIDTHS[0]) ** s))
+            for lr in GRID:
+                loss = 3.0 + 0.1 * (math.log2(lr) - math.log2(star)) ** 2
+                runs.append({"size": w, "seed": seed, "lr": lr, "train_loss": loss, "val_loss": loss + 0.2,
+                             "diverged": False})
+    return runs
+
+
+def _stars(s, scale=1e-2):
+    return [2.0 ** round(math.log2(scale * (w / WIDTHS[0]) ** s)) for w in WIDTHS]
+
+
+def _slope(ws, ys):
+    x, y = np.log(np.asarray(ws, float)), np.log(np.asarray(ys, float))
+    return float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
+
+
+def test_analyse_recovers_exponents_and_seed_interval():
+    out = gpt_width.analyse(_runs([-0.5, 0.0]), list(WIDTHS))
+    for what in ("train", "val"):
+        s = out[what]
+        e0, e1 = _slope(WIDTHS, _stars(-0.5)), _slope(WIDTHS, _stars(0.0))
+        assert s["exponent_per_seed"][0] == pytest.approx(e0, abs=1e-9)
+        assert s["exponent_per_seed"][1] == pytest.approx(e1, abs=1e-9)
+        assert s["exponent_interval"] == pytest.approx([min(e0, e1), max(e0, e1)], abs=1e-9)
+        # Seed-averaged loss: the mean of two parabolas of equal curvature has its vertex at the
+        # midpoint of the two minima in log2(lr) (inside half a grid step, so the refinement finds it).
+        mid = [2.0 ** (0.5 * (math.log2(a) + math.log2(b))) for a, b in zip(_stars(-0.5), _stars(0.0))]
+        np.testing.assert_allclose([s["best_lr"][w] for w in WIDTHS], mid, rtol=1e-9)
+        assert s["exponent"] == pytest.approx(_slope(WIDTHS, mid), abs=1e-9)
+        assert s["spread_steps"] == pytest.approx(math.log2(max(mid) / min(mid)), abs=1e-9)
+        assert s["at_edge"] == []
+
+
+def test_widest_verdict_and_table():
+    runs = _runs([0.0, 0.0])
+    summary = {}
+    for name, shift in (("muon", 0.1), ("adamw_sp", 0.0)):
+        shifted = [dict(r, train_loss=r["train_loss"] + shift, val_loss=r["val_loss"] - shift) for r in runs]
+        both = gpt_width.analyse(shifted, list(WIDTHS))
+        summary[name], summary[name + "/val"] = both["train"], both["val"]
+    v = gpt_width.widest_verdict(summary, ["muon", "adamw_sp"], 256)
+    assert v["train"]["loss_at_best"]["muon"] == pytest.approx(3.1)
+    assert v["train"]["mup_family_le_sp"] is False  # 3.1 > 3.0
+    assert v["val"]["mup_family_le_sp"] is True  # 3.1 < 3.2
+    t = gpt_width.table(summary, ["muon", "adamw_sp"], list(WIDTHS))
+    assert "| muon | 0.00781 | 0.00781 | 0.00781 | 0.00781 | 0.00 | +0.00 [+0.00, +0.00] | 3.100 |" in t
+
+
+def test_configure_presets_overrides_and_unknown_optimizer():
+    preset, cfg = gpt_width.configure(gpt_width.build_parser().parse_args(["--quick", "--widths", "16,32",
+                                                                          "--seeds", "3"]))
+    assert preset == "quick" and cfg["widths"] == (16, 32) and cfg["seeds"] == 3
+    _, cfg = gpt_width.configure(gpt_width.build_parser().parse_args(["--optimizers", "all"]))
+    assert cfg["optimizers"] == gpt_width.OPTIMIZERS and cfg["widths"] == gpt_width.PRESETS["cpu"]["widths"]
+    with pytest.raises(SystemExit, match="lion"):
+        gpt_width.configure(gpt_width.build_parser().parse_args(["--optimizers", "muon,lion"]))
+
+
+@pytest.mark.slow
+def test_end_to_end_schema_resume_and_figures(tmp_path, capsys):
+    path = tmp_path / "out.json"
+    argv = ["--quick", "--widths", "16,32", "--steps", "2", "--num-lrs", "2", "--seeds", "2",
+            "--optimizers", "mup_adamw,adamw_sp", "--batch-size", "2", "--context", "8",
+            "--json", str(path), "--out", str(tmp_path), "--no-progress"]
+    gpt_width.main(argv)
+    res = json.loads(path.read_text())
+    assert len(res["runs"]) == 2 * 2 * 2 * 2  # optimizers x widths x LRs x seeds
+    assert all(np.isfinite(r["train_loss"]) and np.isfinite(r["val_loss"]) for r in res["runs"])
+    for key in ("mup_adamw", "mup_adamw/val", "adamw_sp", "adamw_sp/val"):
+        s = res["summary"][key]
+        assert sorted(int(w) for w in s["best_lr"]) == [16, 32]
+        assert set(s["exponent_per_seed"]) == {"0", "1"} and len(s["exponent_interval"]) == 2
+    assert res["widest"]["width"] == 32
+    for fig in res["figures"]:
+        with open(fig, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    lines = (tmp_path / "gpt_width_quick.jsonl").read_text().splitlines()
+    capsys.readouterr()
+    gpt_width.main(argv)  # resumes: nothing retrained, nothing appended
+    assert (tmp_path / "gpt_width_quick.jsonl").read_text().splitlines() == lines
+
+
+def test_quadratic_steps_exact_on_a_quadratic(highest_precision):
+    """L(theta) = 0.5 theta^T A theta - b^T theta over two leaves: eta* = -g.u_r / (u_r^T A u_r) per route,
+    computed here in float64 NumPy."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(7, 7))
+    a = m @ m.T + 7 * np.eye(7)
+    b = rng.normal(size=7)
+    theta = {"h": rng.normal(size=(2, 2)), "v": rng.normal(size=(3,))}  # 4 + 3 = 7 coordinates
+    u = {"h": rng.normal(size=(2, 2)), "v": rng.normal(size=(3,))}
+
+    def flat(t):
+        return np.concatenate([np.ravel(t["h"]), np.ravel(t["v"])])
+
+    def loss(t):  # float32, well conditioned (A = M M^T + 7 I): relative error ~1e-6
+        z = jnp.concatenate([t["h"].ravel(), t["v"].ravel()])
+        return 0.5 * z @ jnp.asarray(a, jnp.float32) @ z - jnp.asarray(b, jnp.float32) @ z
+
+    tj = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), theta)
+    uj = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), u)
+    g = jax.grad(loss)(tj)
+    out = gpt_width.quadratic_steps(loss, tj, g, uj, ["hidden", "vector"])
+    g64 = a @ flat(theta) - b
+    for route, mask in (("all", np.ones(7)), ("hidden", np.r_[np.ones(4), np.zeros(3)]),
+                        ("vector", np.r_[np.zeros(4), np.ones(3)])):
+        ur = flat(u) * mask
+        assert float(out[route]["decrease"]) == pytest.approx(-g64 @ ur, rel=1e-4)
+        assert float(out[route]["curvature"]) == pytest.approx(ur @ a @ ur, rel=1e-4)
+        assert float(out[route]["eta_star"]) == pytest.approx(-(g64 @ ur) / (ur @ a @ ur), rel=1e-4)
+    assert float(out["head"]["curvature"]) == 0.0  # no leaf on that route
+
+
+def test_route_labels_of_the_gpt():
+    from spectral_optax import lab
+
+    data = lab.load("text", context=8, sequence=True)
+    shapes = lab.gpt_family(data, vary="width", depth=2)(32).shapes()
+    import jax
+
+    paths = ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in
+             jax.tree_util.tree_flatten_with_path(shapes)[0]]
+    routes = dict(zip(paths, gpt_width.route_labels(shapes)))
+    assert routes["head/kernel"] == "head" and routes["head/bias"] == "vector"
+    assert routes["embed/embedding"] == routes["pos_embed/embedding"] == "embedding"
+    assert routes["blocks/attn/qkv/kernel"] == routes["blocks/mlp/dense_1/kernel"] == "hidden"
+    assert routes["blocks/ln_attn/scale"] == routes["ln_final/bias"] == "vector"
+
+
+@pytest.mark.slow
+def test_diagnose_end_to_end(tmp_path):
+    path = tmp_path / "drift.json"
+    gpt_width.main(["--quick", "--diagnose", "--widths", "16,32", "--seeds", "2", "--warm-steps", "2",
+                    "--batch-size", "2", "--context", "8", "--optimizers", "muon", "--json", str(path),
+                    "--out", str(tmp_path)])
+    res = json.loads(path.read_text())
+    muon = res["drift"]["muon"]
+    for route in ("all", "hidden", "head", "embedding", "vector"):
+        assert set(muon["eta_star"][route]) == {"16", "32"}
+        assert all(len(v) == 2 for v in muon["eta_star"][route].values())
+        assert set(muon["exponent"][route]) == {"mean", "per_seed", "interval"}
+    # a descent direction: positive first-order decrease along the whole update
+    assert all(d > 0 for v in muon["decrease"]["all"].values() for d in v)
+    with open(res["figure"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
