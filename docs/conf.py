@@ -37,6 +37,7 @@ autodoc_default_options = {"undoc-members": False}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+napoleon_use_ivar = True  # "Attributes:" as fields: no second description beside :members:
 
 nitpicky = True
 # Types from the libraries the API is written against; their own docs are not fetched (no network at build time).
@@ -45,6 +46,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(Any|Callable|Sequence|Mapping|Iterable|Iterator|PyTree|ArrayLike|Array|Shape|DTypeLike)"),
     (r"py:.*", r"(optional|callable|array|arrays|tree|pytree|float|int|str|bool|None|tuple|list|dict|module)"),
     (r"py:.*", r".*\b(GeometryLike|Override|Coefficients|ScalarOrSchedule|AxisName|Triple|Initializer)\b.*"),
+    (r"py:class", r"_\w+"),  # private helper types in signatures (not part of the API)
 ]
 
 

@@ -178,7 +178,6 @@ __all__ = [
     "rescaled_adamw",
     "BLOCK_PATTERN",
     "BRANCH_OUT_PATTERN",
-    "decoupled_weight_decay",
     "depth_lr_multiplier",
     "depth_lr_scale",
     "depth_residual_scale",

@@ -173,7 +173,8 @@ def depth_lr_multiplier(
     scale-invariant optimizer: inverse-depth scaling needs no correction.
 
     Args:
-      num_blocks: ``K``; base_blocks: ``K_base`` (the factor is 1 there).
+      num_blocks: ``K``, the number of residual blocks.
+      base_blocks: ``K_base``, the depth the learning rate was tuned at (the factor is 1 there).
       exponent: ``a`` of the branch multiplier ``alpha = (K_base / K) ** a``.
       optimizer_kind: ``'scale_invariant'`` or ``'sgd'``.
     """
@@ -198,6 +199,10 @@ def scale_init(init: Callable, alpha: float) -> Callable:
     build the absorbed form, e.g.
     ``nn.Dense(width, kernel_init=scale_init(nn.initializers.lecun_normal(), alpha))``.
     The product is computed in the initializer's dtype.
+
+    Args:
+      init: an initializer ``init(key, shape, dtype) -> array``.
+      alpha: the factor (e.g. :func:`residual_alpha`).
     """
 
     def scaled(key, shape, dtype=jnp.float32, *args, **kwargs):
@@ -288,9 +293,10 @@ def depth_scaled_init(
 
     Args:
       params: a freshly initialized parameter tree (Linen dict or nnx.State).
-      num_blocks: ``K``; base_blocks: ``K_base``.
+      num_blocks: ``K``, the number of residual blocks.
+      base_blocks: ``K_base``, the depth at which ``alpha = 1``.
       exponent: ``a`` of ``alpha = (K_base / K) ** a`` (see :func:`residual_alpha`).
-      mask: the branch-last layers; see :func:`residual_branch_mask`.
+      mask: the branch-last layers; see ``residual_branch_mask``.
       geometry: only used by a ``(path, geometry)`` mask.
 
     Returns:

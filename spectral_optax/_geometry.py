@@ -174,7 +174,7 @@ class Geometry:
 
     @property
     def num_slices(self) -> int:
-        """Number of independent matrices: batch slices times split blocks."""
+        """The number of independent matrices (batch slices times split blocks)."""
         return self._d(self.batch_axes) * self.fan_out_splits
 
     @property
@@ -218,6 +218,13 @@ def to_matrix(x: jax.Array, geometry: Geometry) -> jax.Array:
 
     Batch axes (and fan-out split blocks) become the leading axis; vectors get
     ``d_in = 1``.
+
+    Args:
+      x: an array of shape ``geometry.shape``.
+      geometry: its :class:`Geometry` (which axes are fan-in, fan-out and batch).
+
+    Returns:
+      ``(num_slices, d_in, d_out)``: each slice one independent matrix.
     """
     g = geometry
     perm = g.batch_axes + g.fan_in_axes + g.fan_out_axes
@@ -231,7 +238,15 @@ def to_matrix(x: jax.Array, geometry: Geometry) -> jax.Array:
 
 
 def from_matrix(m: jax.Array, geometry: Geometry) -> jax.Array:
-    """Inverse of :func:`to_matrix`."""
+    """Inverse of :func:`to_matrix`.
+
+    Args:
+      m: ``(num_slices, d_in, d_out)``, as :func:`to_matrix` returns.
+      geometry: the :class:`Geometry` it was made with.
+
+    Returns:
+      The array in the parameter's own shape ``geometry.shape``.
+    """
     g = geometry
     batch = g._d(g.batch_axes)
     s = g.fan_out_splits
@@ -498,6 +513,18 @@ class GeometryMap:
     has an element-wise route for it (as ``optax.contrib.muon`` sends non-2-D
     leaves to Adam). With ``strict=True`` such a leaf raises
     :class:`GeometryError` instead. The decision is made once per leaf, here.
+
+    Args:
+      overrides: ``{regex: override}``: an override (a :class:`Geometry`, a kind
+        name, or a dict of :class:`Geometry` fields) for every leaf whose path
+        the regex ``re.search``-es (rule 1).
+      tree: an explicit geometry tree: leaves of :class:`Geometry` nested like
+        the params they describe (rule 2).
+      hints: layout hints by module path, as recorded by :meth:`from_linen` /
+        :meth:`from_nnx` (rule 4; rarely given by hand).
+      strict: raise :class:`GeometryError` instead of the element-wise fallback.
+      traced: per-path decisions of a traced computation (rule 3), as
+        :meth:`from_apply` records them (rarely given by hand).
     """
 
     def __init__(
@@ -923,6 +950,12 @@ def as_geometry_map(geometry: GeometryLike = None) -> GeometryMap:
     by path), or a live ``flax.nnx.Module``. Leaves that no rule decides fall
     back to ``'elementwise'`` with a warning; use ``GeometryMap(..., strict=True)``
     to raise instead.
+
+    Args:
+      geometry: any of the forms above.
+
+    Returns:
+      A :class:`GeometryMap` (the argument itself when it is one).
     """
     if geometry is None:
         return GeometryMap()
@@ -981,6 +1014,16 @@ def map_with_geometry(
     With ``skip_empty=True``, size-0 array leaves of ``tree`` are not handed
     to ``fn`` either: they pass through as they are (an empty update has no
     direction to normalize; the dual transforms use this).
+
+    Args:
+      fn: ``fn(geometry, leaf, *rest_leaves)`` (``fn(path, geometry, leaf,
+        *rest_leaves)`` with ``with_path=True``).
+      geometry: geometry overrides, see :func:`as_geometry_map`.
+      tree: the tree whose leaves' geometries are resolved.
+      rest: further trees of the same structure, passed leaf by leaf.
+      num_outputs: the number of outputs of ``fn`` (trees returned).
+      with_path: also pass each leaf's '/'-joined path.
+      skip_empty: pass size-0 leaves through without calling ``fn``.
     """
     gmap = as_geometry_map(geometry)
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)

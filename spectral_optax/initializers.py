@@ -271,8 +271,16 @@ def spectral_orthogonal(
     ``min(d_in, d_out)`` singular values equal the target, so the RMS -> RMS
     operator norm is exactly ``gain``.
 
-    Args: as :func:`spectral_normal`; ``gain`` defaults to 1.0 (the spectral
-      condition's target itself).
+    Args:
+      gain: the RMS -> RMS operator norm of every slice (default 1.0, the
+        spectral condition's target itself).
+      in_axis: fan-in axes; ``None`` (default) means every axis not in
+        ``out_axis`` / ``batch_axis``, as in :func:`spectral_normal`.
+      out_axis: fan-out axis or axes (default ``-1``).
+      batch_axis: axes of independent matrices (stacked layers, experts).
+      fan_out_splits: the fan-out is this many independent equal blocks (3 for
+        a fused QKV kernel); each block is its own semi-orthogonal matrix.
+      dtype: default dtype of the weights (the call's ``dtype`` wins).
 
     Returns:
       ``init(key, shape, dtype=dtype) -> Array``.

@@ -109,9 +109,7 @@ def _write_pages(app) -> None:
             if inspect.ismodule(obj):
                 continue
             kind = "autoclass" if inspect.isclass(obj) else ("autofunction" if callable(obj) else "autodata")
-            lines += [f".. {kind}:: {public}", ""]
-            if kind == "autoclass":
-                lines += ["   :members:", ""]
+            lines += [f".. {kind}:: {public}"] + (["   :members:"] if kind == "autoclass" else []) + [""]
         (api / f"{module_name}.rst").write_text("\n".join(lines) + "\n")
     for message in all_problems():
         logger.warning(message, type="apicheck")

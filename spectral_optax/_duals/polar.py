@@ -33,16 +33,16 @@ variant iterates on the ``m x m`` Gram matrix and multiplies by ``X`` once
 per segment. The start can be scaled by the Frobenius norm, the Schatten-4
 norm or AOL's diagonal (``preconditioning=``; docs/math.md, "Orthogonalization
 at fewer flops"), and the default coefficients depend on the compute dtype
-(:func:`auto_coefficients`): 5 quintic steps in float32, 4
+(``auto_coefficients``): 5 quintic steps in float32, 4
 ``'polar_express_schatten'`` steps from the Schatten-4 start in bfloat16 /
 float16.
 
-Precision on accelerators (see :func:`resolve_precision`,
-:func:`newton_schulz_method`): the default compute dtype is bfloat16 on
+Precision on accelerators (see ``resolve_precision``,
+``newton_schulz_method``): the default compute dtype is bfloat16 on
 GPU/TPU and float32 elsewhere; float32 compute runs its matmuls at
 ``Precision.HIGHEST`` unless told otherwise, so float32 results agree across
 backends; the Gram-space variant is used only at that precision or in
-float16 (with restarts, :func:`gram_restarts`).
+float16 (with restarts, ``gram_restarts``).
 
 References:
   Jordan et al. (2024), "Muon: An optimizer for hidden layers in neural
@@ -118,7 +118,7 @@ SCHATTEN_POLAR_EXPRESS_L: float = 3e-3
 PRECONDITIONINGS = ("frobenius", "schatten", "aol")
 
 #: The Gram-space iteration with 10 mantissa bits (float16, TensorFloat-32)
-#: restarts from ``X`` every this many steps (:func:`gram_restarts`; chosen
+#: restarts from ``X`` every this many steps (``gram_restarts``; chosen
 #: by measurement).
 HALF_PRECISION_RESTART_EVERY: int = 2
 
@@ -255,7 +255,7 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
     """Turn a coefficient spec into ``(table, norm_safety)`` or a callable.
 
     Args:
-      coefficients: ``'auto'`` (:func:`auto_coefficients` of
+      coefficients: ``'auto'`` (``auto_coefficients`` of
         ``compute_dtype``), ``'quintic'`` (:data:`MUON_QUINTIC`, default 5 steps),
         ``'polar_express'`` (:func:`polar_express_coefficients` with ``steps``
         polynomials, default 8), ``'polar_express_schatten'`` (the same
@@ -508,12 +508,12 @@ def newton_schulz_method(
     segment: the round-off of every Gram-space product accumulates in ``Q``
     (without restarts, at TensorFloat-32, 10 mantissa bits, Polar Express 8
     steps was measured 0.29 away from 1 on an NVIDIA H200, against < 1e-4 at
-    float32; in bfloat16 it overflows). Restarts (:func:`gram_restarts`)
+    float32; in bfloat16 it overflows). Restarts (``gram_restarts``)
     cure it. ``'auto'`` picks it when it saves at least 25% of the flops
     (:func:`newton_schulz_flops`, with those restarts) and
 
     * the compute ``dtype`` has >= 32 bits **and** the matmuls run at
-      ``Precision.HIGHEST`` (:func:`resolve_precision`: the default for
+      ``Precision.HIGHEST`` (``resolve_precision``: the default for
       float32 compute; an explicit lower ``precision`` such as
       ``'tensorfloat32'`` or ``Precision.DEFAULT`` disables it on every
       backend, even on a CPU where it would be exact, so that the choice,
@@ -598,22 +598,22 @@ def newton_schulz(
 
     Args:
       x: array of shape ``(..., m, n)``; leading axes are independent matrices.
-      coefficients: ``'auto'`` (default, :func:`auto_coefficients`:
+      coefficients: ``'auto'`` (default, ``auto_coefficients``:
         ``'quintic'`` for >= 32-bit compute, ``'polar_express_schatten'`` for
         bfloat16 / float16), ``'quintic'`` (:data:`MUON_QUINTIC`, 5 steps),
         ``'polar_express'`` (:func:`polar_express_coefficients`, 8 steps by
         default), ``'polar_express_schatten'`` (4 steps, for the
         Schatten-4-normalized start), ``'you'`` (alias ``'dion'``,
         :data:`YOU_COEFFICIENTS`, 5 steps), an ``(a, b, c)`` triple, a table
-        of triples (see :func:`resolve_coefficients`), or a function
+        of triples (see ``resolve_coefficients``), or a function
         ``f(x) -> x`` replacing the normalization and iteration altogether,
         e.g. an exact SVD-based polar factor. It is called on the
-        ``(batch, m, n)`` array in :func:`user_function_dtype` (``compute_dtype``
+        ``(batch, m, n)`` array in ``user_function_dtype`` (``compute_dtype``
         promoted to at least float32, so float32 under the bfloat16 default of
         GPUs/TPUs: ``jnp.linalg.svd`` rejects bfloat16) and, unless
         ``precision`` is given, traced under
         ``jax.default_matmul_precision('highest')``.
-      steps: number of iterations (see :func:`resolve_coefficients`).
+      steps: number of iterations (see ``resolve_coefficients``).
       compute_dtype: dtype of the iteration. ``None``: float32 on CPU,
         bfloat16 on GPU/TPU. The result is cast back to ``x.dtype``.
         ``float32`` means float32 arithmetic on every backend: unless
@@ -623,7 +623,7 @@ def newton_schulz(
         tensor cores than bfloat16; for speed use the bfloat16 default, or
         ``precision='tensorfloat32'`` (then ``'auto'`` never picks ``'gram'``).
       method: ``'standard'``, ``'gram'`` (Gram-space variant, cheaper for
-        rectangular matrices) or ``'auto'`` (:func:`newton_schulz_method`:
+        rectangular matrices) or ``'auto'`` (``newton_schulz_method``:
         Gram-space when it saves >= 25% of the flops and either
         ``compute_dtype`` has >= 32 bits with the matmuls at
         ``Precision.HIGHEST`` (e.g. aspect ratio ``max(m, n) / min(m, n) >=
@@ -632,7 +632,7 @@ def newton_schulz(
       norm_safety: factor ``>= 1`` on the Frobenius norm; ``None``: 1.01 for
         ``'polar_express'`` (as published), 1 otherwise.
       precision: ``jax.lax.Precision`` (or string, or pair) of the matmuls;
-        ``None``: :func:`resolve_precision` (``HIGHEST`` for >= 32-bit
+        ``None``: ``resolve_precision`` (``HIGHEST`` for >= 32-bit
         compute, the backend default for bfloat16).
       axis_name: inside ``shard_map``: the mesh axes (a name or a tuple)
         over which axis ``sharded_axis`` of every matrix is split. The
@@ -645,7 +645,7 @@ def newton_schulz(
         fan-out axis) or ``-2`` (rows); used with ``axis_name`` only.
       preconditioning: how the start ``X_0`` is scaled so that every singular
         value is <= 1 (docs/math.md, "Orthogonalization at fewer flops"): ``None`` (default: the one
-        the coefficients are designed for, :func:`default_preconditioning`),
+        the coefficients are designed for, ``default_preconditioning``),
         ``'frobenius'`` (``G / ||G||_F``), ``'schatten'`` (``G / ||G||_{S_4}``, ``||G||_{S_4} =
         ||G G^T||_F^(1/2)``, a tighter bound on the largest singular value)
         or ``'aol'`` (``D G / ||G||_F`` with ``D`` the inverse square roots
@@ -656,7 +656,7 @@ def newton_schulz(
         different singular vectors.
       restarts: Gram-space method only: step indices at which ``X`` is
         re-formed and its Gram matrix recomputed (``None``: the measured
-        schedule of :func:`gram_restarts`: none at float32 / ``HIGHEST``,
+        schedule of ``gram_restarts``: none at float32 / ``HIGHEST``,
         every 2 steps in float16, all but the last two steps in bfloat16).
 
     Returns:

@@ -147,7 +147,7 @@ def orthogonalize_via_newton_schulz(
         bfloat16 on GPU/TPU.
       ns_method: ``'auto'`` | ``'standard'`` | ``'gram'`` (Gram-space iteration for
         rectangular matrices; ``'auto'`` uses it in float32 and float16 when it
-        saves flops, see :func:`spectral_optax.newton_schulz_method`).
+        saves flops, see ``newton_schulz_method``).
       norm_safety: Frobenius-normalization safety factor (default per schedule).
       kinds: geometry kinds to orthogonalize; other leaves pass through.
         (For a vector, ``d_in = 1`` and ``U V^T`` is the vector scaled to

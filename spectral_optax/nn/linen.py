@@ -172,7 +172,7 @@ class TransformerBlock(nn.Module):
       causal: apply a causal mask (inputs ``(batch, seq, features)``).
       qkv: ``'split'`` (``attn/{query,key,value}``, Flax's
         ``MultiHeadDotProductAttention``) or ``'fused'`` (one ``attn/qkv``,
-        :class:`FusedSelfAttention`).
+        ``FusedSelfAttention``).
     """
 
     features: int
