@@ -19,15 +19,39 @@ cases in all (the run reported in docs/reliability.md). Both use a fixed seed
 (derandomize), so a failure reproduces. ``portability`` (``tools/portability.sh``,
 also a CI step) is ``ci`` with the examples drawn from ``--hypothesis-seed``
 instead, so a second run explores other inputs.
+
+Compile time: the suite is dominated by XLA compiles of small programs, so
+it runs XLA's CPU backend at LLVM optimization level 0
+(``--xla_backend_optimization_level=0``, appended to ``XLA_FLAGS`` here,
+before JAX starts a backend, and passed on to the tests' subprocesses by
+:func:`xla_flags`): the same HLO programs (so the same ``cost_analysis``
+and collectives), compiled about 3x faster, with code that runs slower.
+``SPECTRAL_OPTAX_TEST_OPT=default`` keeps XLA's own level (CI's
+portability step runs that way, so both levels are exercised).
 """
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pytest
-from hypothesis import HealthCheck, settings
+import os
+
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+if os.environ.get("SPECTRAL_OPTAX_TEST_OPT", "fast") != "default" and FAST_COMPILE not in os.environ.get(
+    "XLA_FLAGS", ""
+):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FAST_COMPILE).strip()
+
+
+def xla_flags(*extra: str) -> str:
+    """This process's ``XLA_FLAGS`` (the compile level above, a portability run's
+    ``--xla_cpu_max_isa``) plus ``extra``: for a test's subprocess."""
+    return " ".join([os.environ.get("XLA_FLAGS", ""), *extra]).strip()
+
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "ci", max_examples=10, derandomize=True, deadline=None, print_blob=True,

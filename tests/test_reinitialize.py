@@ -6,6 +6,7 @@ d_out)`` view built by hand from the truth axes, singular values by
 """
 
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import xla_flags
 from test_trace_geometry import (
     GPT2,
     TOKENS,
@@ -161,8 +163,7 @@ def test_shardings_kept_on_two_devices():
         print("ok")
         """
     )
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    import os
+    env = {"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2"), "JAX_PLATFORMS": "cpu"}
 
     out = subprocess.run(
         [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=300

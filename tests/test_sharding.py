@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run_script(script: str, devices: int, timeout: int = 600) -> str:
     env = dict(
         os.environ,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=xla_flags(f"--xla_force_host_platform_device_count={devices}"),
         JAX_PLATFORMS="cpu",
         PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
