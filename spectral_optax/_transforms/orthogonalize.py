@@ -190,7 +190,7 @@ def orthogonalize_via_newton_schulz(
 
     plan_args = (ns_coefficients, ns_steps, compute_dtype, ns_method, precision)
 
-    def orthogonalize(stacked, method=None):
+    def orthogonalize(stacked, method=None, axis_name=None):
         return newton_schulz(
             stacked,
             ns_coefficients,
@@ -199,6 +199,7 @@ def orthogonalize_via_newton_schulz(
             method=method or ns_method,
             norm_safety=norm_safety,
             precision=precision,
+            axis_name=axis_name,
             preconditioning=ns_preconditioning,
         )
 
@@ -216,7 +217,9 @@ def orthogonalize_via_newton_schulz(
         if axes and distribute is not False and not manual_axes(mesh):
             plan = _plan(groups, flat, mesh_size(mesh, axes), *plan_args)
             specs = [explicit_spec(x, x.ndim) for x in leaves]
-            run = lambda *xs: _run_plan(groups, plan, xs, orthogonalize, scale, compute_dtype, ns_coefficients, specs)
+            run = lambda *xs: _run_plan(
+                groups, plan, xs, orthogonalize, scale, compute_dtype, ns_coefficients, specs, mesh, axes
+            )
         else:  # one device, inside shard_map, or distribute=False (XLA partitions the matmuls)
             run = lambda *xs: _run_batched(groups, xs, orthogonalize, scale)
         for (i, _), y in zip(members, keeping_specs(run, leaves, mesh)):
@@ -269,7 +272,7 @@ def _move_dtype(dtype, compute_dtype, coefficients):
     return cdtype if cdtype.itemsize < jnp.dtype(dtype).itemsize else dtype
 
 
-def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coefficients, specs=None):
+def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coefficients, specs=None, mesh=None, axes=()):
     """Every group orthogonalized as its plan says; the finished leaves, in ``groups`` order.
 
     A group's wide matrices are stacked to ``(B, m, n)``, zero-padded to ``B'``
@@ -281,7 +284,10 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
     Gram products contracting the split columns become one all-reduce over
     the ``k`` devices per step, and each result goes back to its leaf's layout
     (``shard_alike`` with the input; on ``Explicit`` meshes the leaf's
-    ``PartitionSpec`` as the output sharding).
+    ``PartitionSpec`` as the output sharding). A group split over every device (one owner group)
+    runs under ``shard_map`` on the leaves' mesh instead (:func:`~spectral_optax.newton_schulz`
+    with ``axis_name``: an explicit ``psum`` per step, and blocks narrower than the Gram matrix
+    updated as ``b (A X) + c A (A X)``, without the ``A^2`` that every device would repeat).
     """
     out, it = [], iter(leaves)
     spec_it = iter(specs or [None] * len(leaves))
@@ -297,12 +303,16 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
         pad_b, pad_n = -total % gp.owners, -n % gp.split
         if pad_b or pad_n:
             stacked = jnp.pad(stacked, ((0, pad_b), (0, 0), (0, pad_n)))
-        mesh = jax.sharding.AbstractMesh(
-            (gp.owners, gp.split), ("_owners", "_split"), axis_types=(jax.sharding.AxisType.Auto,) * 2
-        )
-        owned = jax.sharding.NamedSharding(mesh, P("_owners", None, "_split" if gp.split > 1 else None))
-        stacked = jax.lax.with_sharding_constraint(stacked, owned)
-        ortho = jax.lax.with_sharding_constraint(orthogonalize(stacked, gp.method if gp.split > 1 else None), owned)
+        if gp.split > 1 and gp.owners == 1 and mesh is not None:
+            ortho = _split_everywhere(stacked, orthogonalize, mesh, axes)
+        else:
+            view = jax.sharding.AbstractMesh(
+                (gp.owners, gp.split), ("_owners", "_split"), axis_types=(jax.sharding.AxisType.Auto,) * 2
+            )
+            owned = jax.sharding.NamedSharding(view, P("_owners", None, "_split" if gp.split > 1 else None))
+            stacked = jax.lax.with_sharding_constraint(stacked, owned)
+            ortho = orthogonalize(stacked, gp.method if gp.split > 1 else None)
+            ortho = jax.lax.with_sharding_constraint(ortho, owned)
         ortho = ortho[:total, :, :n] if pad_b or pad_n else ortho
         start = 0
         for x, (_, g), sp in zip(xs, members, ss):
@@ -311,6 +321,18 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
             start += g.num_slices
             out.append(shard_alike(block, x)[0])
     return tuple(out)
+
+
+def _split_everywhere(stacked, orthogonalize, mesh, axes):
+    """``stacked`` ``(B, m, n')`` orthogonalized with its columns cut over all ``axes`` of ``mesh``
+    (the context mesh when one is set: inside :func:`~spectral_optax._sharding.keeping_specs` its
+    axes are ``Auto``), under ``shard_map``."""
+    context = jax.sharding.get_abstract_mesh()
+    mesh = mesh if context.empty else context
+    spec = P(None, None, tuple(axes))
+    stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, spec))
+    body = lambda block: orthogonalize(block, "standard", tuple(axes))
+    return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(stacked)
 
 
 def _wide_to_move(x, g: Geometry, devices: int):
