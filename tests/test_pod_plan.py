@@ -236,10 +236,12 @@ def test_printed_plan_of_a_pod_sized_tree():
     head = by_shape[(d, v)]
     assert head.split > 1 and head.method == "standard"
     steps = 5
-    assert head.flops == steps * (4 * d * d * -(-v // head.split) + 2 * d**3)  # the module's formula
+    cols = -(-v // head.split)
+    assert head.owners == 1 and cols < d  # split over every device, narrow blocks: b (A X) + c A (A X)
+    assert head.flops == steps * 6 * d * d * cols  # the module's formula
     square = by_shape[(d, d)]
     assert square.split == 1 and square.per_device == 1 and square.flops == steps * (4 * d**3 + 2 * d**3)
     assert plan.flops_per_device == sum(g.flops for g in plan.groups)
     text = str(plan)
     assert "2048 x 32000" in text and "2048 x 8192" in text and "lm_head/kernel" in text, text
-    assert plan.flops_per_device <= 1.4 * plan.total_flops / 64, text
+    assert plan.flops_per_device <= 1.3 * plan.total_flops / 64, text  # 1.265 (1.375 with A^2 on every device)

@@ -29,6 +29,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -296,7 +297,11 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
         devices = gp.owners * gp.split
         xs = [next(it) for _ in members]
         ss = [next(spec_it) for _ in members]
-        mats = [_via_one_axis(_wide_to_move(x, g, devices), sp, devices) for x, (_, g), sp in zip(xs, members, ss)]
+        local = [_fused_local(g, mesh, axes, devices) for _, g in members]
+        mats = [
+            _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices)
+            for x, (_, g), sp, (cut, _) in zip(xs, members, ss, local)
+        ]
         dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
         stacked = jnp.concatenate([m.astype(dtype) for m in mats], axis=0) if len(mats) > 1 else mats[0].astype(dtype)
         total, n = stacked.shape[0], stacked.shape[2]
@@ -315,24 +320,68 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
             ortho = jax.lax.with_sharding_constraint(ortho, owned)
         ortho = ortho[:total, :, :n] if pad_b or pad_n else ortho
         start = 0
-        for x, (_, g), sp in zip(xs, members, ss):
-            block = _finish(_via_one_axis(ortho[start : start + g.num_slices], sp, devices), g, scale, x.dtype)
-            block = blocks_local(block, g, devices)  # fused blocks joined locally, then one all-to-all
+        for x, (_, g), sp, (_, join) in zip(xs, members, ss, local):
+            block = _via_one_axis(ortho[start : start + g.num_slices], sp, devices)
+            block = _finish(block, g, scale, x.dtype, join)
+            block = block if join else blocks_local(block, g, devices)  # fused blocks joined locally
             start += g.num_slices
             out.append(shard_alike(block, x)[0])
     return tuple(out)
 
 
-def _split_everywhere(stacked, orthogonalize, mesh, axes):
-    """``stacked`` ``(B, m, n')`` orthogonalized with its columns cut over all ``axes`` of ``mesh``
-    (the context mesh when one is set: inside :func:`~spectral_optax._sharding.keeping_specs` its
-    axes are ``Auto``), under ``shard_map``."""
+def _context_mesh(mesh):
+    """The context mesh when one is set (inside :func:`~spectral_optax._sharding.keeping_specs`
+    its axes are ``Auto``), else ``mesh`` (the leaves' own), for ``shard_map``."""
     context = jax.sharding.get_abstract_mesh()
-    mesh = mesh if context.empty else context
+    return mesh if context.empty else context
+
+
+def _split_everywhere(stacked, orthogonalize, mesh, axes):
+    """``stacked`` ``(B, m, n')`` orthogonalized with its columns cut over all ``axes`` of ``mesh``,
+    under ``shard_map``."""
+    mesh = _context_mesh(mesh)
     spec = P(None, None, tuple(axes))
     stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, spec))
     body = lambda block: orthogonalize(block, "standard", tuple(axes))
     return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(stacked)
+
+
+def _fused_local(g: Geometry, mesh, axes, devices: int):
+    """``(cut, join)`` for a leaf fusing fan-out blocks (``fan_out_splits > 1``, QKV): ``cut``
+    takes the leaf to its wide view ``(slices, m, n)`` and ``join`` back, each under ``shard_map``
+    on local blocks, the leaf sharded over every device on its largest batch or fan-in axis that
+    they divide (one all-to-all from a layout sharded on the fused fan-out, GPT-2 ``c_attn`` under
+    FSDP). Local blocks of a non-leading axis come out in another order of rows (or matrices), which
+    ``join`` undoes and the iteration does not see (``NS(P G) = P NS(G)``). ``(None, None)`` for
+    other leaves, or when no such axis exists."""
+    axis = max(
+        (a for a in g.batch_axes + g.fan_in_axes if g.shape[a] % devices == 0), key=lambda a: g.shape[a], default=None
+    )
+    if g.fan_out_splits == 1 or mesh is None or devices == 1 or axis is None:
+        return None, None
+    names = tuple(axes)
+    leaf_spec = P(*[names if a == axis else None for a in range(len(g.shape))])
+    dim = 0 if axis in g.batch_axes else (2 if g.d_in > g.d_out else 1)
+    wide_spec = P(*[names if d == dim else None for d in range(3)])
+
+    def local(b):
+        return dataclasses.replace(g, shape=b.shape)
+
+    def cut(x):
+        m = _context_mesh(mesh)
+        x = jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(m, leaf_spec))
+        body = lambda b: (lambda m: jnp.swapaxes(m, 1, 2) if g.d_in > g.d_out else m)(to_matrix(b, local(b)))
+        return jax.shard_map(body, mesh=m, in_specs=leaf_spec, out_specs=wide_spec)(x)
+
+    def join(block):
+        m = _context_mesh(mesh)
+        shape = list(g.shape)
+        shape[axis] //= devices
+        gl = dataclasses.replace(g, shape=tuple(shape))
+        body = lambda b: from_matrix(jnp.swapaxes(b, 1, 2) if g.d_in > g.d_out else b, gl)
+        return jax.shard_map(body, mesh=m, in_specs=wide_spec, out_specs=leaf_spec)(block)
+
+    return cut, join
 
 
 def _wide_to_move(x, g: Geometry, devices: int):
@@ -378,12 +427,14 @@ def _wide(x, g: Geometry):
     return jnp.swapaxes(m, 1, 2) if g.d_in > g.d_out else m
 
 
-def _finish(block, g: Geometry, scale, dtype):
-    """``scale(g) * block`` (wide) back in the leaf's shape and dtype."""
-    if g.d_in > g.d_out:
-        block = jnp.swapaxes(block, 1, 2)
+def _finish(block, g: Geometry, scale, dtype, join=None):
+    """``scale(g) * block`` (wide) back in the leaf's shape and dtype (by ``join`` when given)."""
     factor = orthogonal_update_scale(g, scale)
     block = (block.astype(jnp.promote_types(block.dtype, jnp.float32)) * factor).astype(dtype)
+    if join is not None:
+        return join(block)
+    if g.d_in > g.d_out:
+        block = jnp.swapaxes(block, 1, 2)
     return from_matrix(block, g)
 
 
