@@ -297,13 +297,17 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
         devices = gp.owners * gp.split
         xs = [next(it) for _ in members]
         ss = [next(spec_it) for _ in members]
-        local = [_fused_local(g, mesh, axes, devices) for _, g in members]
+        units = _fused_units(xs, members, ss)  # fused leaves of one layout: one cut for all
+        unit_x = [xs[u[0]] if len(u) == 1 else jnp.stack([xs[i] for i in u]) for u in units]
+        unit_g = [members[u[0]][1] if len(u) == 1 else _stacked(members[u[0]][1], len(u)) for u in units]
+        unit_s = [ss[u[0]] if len(u) == 1 or ss[u[0]] is None else P(None, *ss[u[0]]) for u in units]
+        local = [_fused_local(g, mesh, axes, devices) for g in unit_g]
         tiles = _common_tiling(members, ss, axes) if gp.split == 1 and mesh is not None else None
         if tiles:  # a 2-D tiling, moved to the owners and back by one all-to-all each way
-            ss = [None] * len(members)
+            unit_s = [None] * len(units)
         mats = [
             _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices)
-            for x, (_, g), sp, (cut, _) in zip(xs, members, ss, local)
+            for x, g, sp, (cut, _) in zip(unit_x, unit_g, unit_s, local)
         ]
         dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
         stacked = jnp.concatenate([m.astype(dtype) for m in mats], axis=0) if len(mats) > 1 else mats[0].astype(dtype)
@@ -324,14 +328,34 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
             ortho = orthogonalize(stacked, gp.method if gp.split > 1 else None)
             ortho = jax.lax.with_sharding_constraint(ortho, owned)
         ortho = ortho[:total, :, :n] if pad_b or pad_n else ortho
-        start = 0
-        for x, (_, g), sp, (_, join) in zip(xs, members, ss, local):
+        start, done = 0, {}
+        for u, g, sp, (_, join) in zip(units, unit_g, unit_s, local):
             block = _via_one_axis(ortho[start : start + g.num_slices], sp, devices)
-            block = _finish(block, g, scale, x.dtype, join)
-            block = block if join else blocks_local(block, g, devices)  # fused blocks joined locally
             start += g.num_slices
-            out.append(shard_alike(block, x)[0])
+            factors = [orthogonal_update_scale(members[i][1], scale) for i in u]  # each leaf's own
+            factor = factors[0] if len(u) == 1 else jnp.repeat(jnp.asarray(factors), g.num_slices // len(u))[:, None, None]
+            block = _finish(block, g, factor, xs[u[0]].dtype, join)
+            block = block if join else blocks_local(block, g, devices)  # fused blocks joined locally
+            done.update({i: block[j] for j, i in enumerate(u)} if len(u) > 1 else {u[0]: block})
+        out.extend(shard_alike(done[i], x)[0] for i, x in enumerate(xs))
     return tuple(out)
+
+
+def _fused_units(xs, members, specs) -> list[list[int]]:
+    """The members of a group as units: each fused-fan-out leaf (QKV) with the others of its
+    geometry, layout and dtype (cut and joined as one stack), every other leaf alone."""
+    units: dict = {}
+    for i, (x, (_, g), sp) in enumerate(zip(xs, members, specs)):
+        units.setdefault((g, sp, jnp.dtype(x.dtype)) if g.fan_out_splits > 1 else i, []).append(i)
+    return list(units.values())
+
+
+def _stacked(g: Geometry, count: int) -> Geometry:
+    """``g`` with a new leading batch axis of ``count`` leaves."""
+    shift = lambda axes: tuple(a + 1 for a in axes)
+    return dataclasses.replace(
+        g, shape=(count, *g.shape), fan_in_axes=shift(g.fan_in_axes), fan_out_axes=shift(g.fan_out_axes)
+    )
 
 
 def _context_mesh(mesh):
@@ -482,7 +506,8 @@ def _wide(x, g: Geometry, matrix: bool = False):
 
 
 def _finish(block, g: Geometry, scale, dtype, join=None):
-    """``scale(g) * block`` (wide) back in the leaf's shape and dtype (by ``join`` when given)."""
+    """``scale(g) * block`` (wide) back in the leaf's shape and dtype (by ``join`` when given);
+    ``scale`` a number or an array is the factor itself."""
     factor = orthogonal_update_scale(g, scale)
     block = (block.astype(jnp.promote_types(block.dtype, jnp.float32)) * factor).astype(dtype)
     if join is not None:
