@@ -288,7 +288,10 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
     ``PartitionSpec`` as the output sharding). A group split over every device (one owner group)
     runs under ``shard_map`` on the leaves' mesh instead (:func:`~spectral_optax.newton_schulz`
     with ``axis_name``: an explicit ``psum`` per step, and blocks narrower than the Gram matrix
-    updated as ``b (A X) + c A (A X)``, without the ``A^2`` that every device would repeat).
+    updated as ``b (A X) + c A (A X)``, without the ``A^2`` that every device would repeat);
+    a group of whole matrices tiled over two mesh axes goes to its owners and back by one
+    all-to-all each way (:func:`_owned_from_tiles`). Fused-fan-out leaves of one geometry and
+    layout are cut into their blocks as one stack (:func:`_fused_local`, :func:`_fused_units`).
     """
     out, it = [], iter(leaves)
     spec_it = iter(specs or [None] * len(leaves))
@@ -333,7 +336,10 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
             block = _via_one_axis(ortho[start : start + g.num_slices], sp, devices)
             start += g.num_slices
             factors = [orthogonal_update_scale(members[i][1], scale) for i in u]  # each leaf's own
-            factor = factors[0] if len(u) == 1 else jnp.repeat(jnp.asarray(factors), g.num_slices // len(u))[:, None, None]
+            if len(u) == 1:
+                factor = factors[0]
+            else:
+                factor = jnp.repeat(jnp.asarray(factors), g.num_slices // len(u))[:, None, None]
             block = _finish(block, g, factor, xs[u[0]].dtype, join)
             block = block if join else blocks_local(block, g, devices)  # fused blocks joined locally
             done.update({i: block[j] for j, i in enumerate(u)} if len(u) > 1 else {u[0]: block})
@@ -464,10 +470,12 @@ def _fused_local(g: Geometry, mesh, axes, devices: int):
 
 def _wide_to_move(x, g: Geometry, devices: int):
     """The wide view of a leaf about to be moved to its owners; with fused fan-out blocks
-    (``fan_out_splits > 1``, QKV) cut locally (:func:`~spectral_optax._sharding.blocks_local`) and
-    materialized (``optimization_barrier``): XLA's CPU backend otherwise fuses the block
-    transposition into the all-to-all and fails its own verifier (GPT-2 XL ``c_attn`` on 64
-    devices: "all-to-all has operands with different shapes")."""
+    (``fan_out_splits > 1``, QKV) that :func:`_fused_local` cannot cut (no batch or fan-in axis
+    divisible by the devices) cut where XLA makes them local
+    (:func:`~spectral_optax._sharding.blocks_local`) and materialized (``optimization_barrier``):
+    XLA's CPU backend otherwise fuses the block transposition into the all-to-all and fails its
+    own verifier (GPT-2 XL ``c_attn`` on 64 devices: "all-to-all has operands with different
+    shapes")."""
     if g.fan_out_splits == 1:
         return _wide(x, g)
     return jax.lax.optimization_barrier(_wide(blocks_local(x, g, devices), g))
