@@ -305,6 +305,10 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
         unit_g = [members[u[0]][1] if len(u) == 1 else _stacked(members[u[0]][1], len(u)) for u in units]
         unit_s = [ss[u[0]] if len(u) == 1 or ss[u[0]] is None else P(None, *ss[u[0]]) for u in units]
         local = [_fused_local(g, mesh, axes, devices) for g in unit_g]
+        if any(len(u) > 1 and cut is None for u, (cut, _) in zip(units, local)):  # no local cut: leaf by leaf
+            units = [[i] for i in range(len(xs))]
+            unit_x, unit_g, unit_s = list(xs), [g for _, g in members], list(ss)
+            local = [_fused_local(g, mesh, axes, devices) for g in unit_g]
         tiles = _common_tiling(members, ss, axes) if gp.split == 1 and mesh is not None else None
         if tiles:  # a 2-D tiling, moved to the owners and back by one all-to-all each way
             unit_s = [None] * len(units)
