@@ -316,6 +316,8 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
             _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices)
             for x, g, sp, (cut, _) in zip(unit_x, unit_g, unit_s, local)
         ]
+        flips = tiles[2] if tiles else (False,) * len(mats)
+        mats = [jnp.swapaxes(m, 1, 2) if f else m for m, f in zip(mats, flips)]
         dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
         stacked = jnp.concatenate([m.astype(dtype) for m in mats], axis=0) if len(mats) > 1 else mats[0].astype(dtype)
         total, n = stacked.shape[0], stacked.shape[2]
@@ -323,7 +325,7 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
         if pad_b or pad_n:
             stacked = jnp.pad(stacked, ((0, pad_b), (0, 0), (0, pad_n)))
         if tiles:
-            ortho = _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles)
+            ortho = _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles[:2])
         elif gp.split > 1 and gp.owners == 1 and mesh is not None:
             ortho = _split_everywhere(stacked, orthogonalize, mesh, axes)
         else:
@@ -336,8 +338,9 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
             ortho = jax.lax.with_sharding_constraint(ortho, owned)
         ortho = ortho[:total, :, :n] if pad_b or pad_n else ortho
         start, done = 0, {}
-        for u, g, sp, (_, join) in zip(units, unit_g, unit_s, local):
+        for u, g, sp, (_, join), flip in zip(units, unit_g, unit_s, local, flips):
             block = _via_one_axis(ortho[start : start + g.num_slices], sp, devices)
+            block = jnp.swapaxes(block, 1, 2) if flip else block
             start += g.num_slices
             factors = [orthogonal_update_scale(members[i][1], scale) for i in u]  # each leaf's own
             if len(u) == 1:
@@ -386,22 +389,25 @@ def _split_everywhere(stacked, orthogonalize, mesh, axes):
 
 
 def _common_tiling(members, specs, axes):
-    """``(rows axis, columns axis)`` when every matrix of a group is a plain 2-D leaf whose wide view
-    is tiled over two mesh axes the same way (FSDP x tensor parallel: ``P('data', 'model')`` kernels
-    with the ``P('model', 'data')`` ones transposed to their wide form), those two being all of
-    ``axes``; else ``None``."""
-    found = set()
+    """``(rows axis, columns axis, flips)`` when every matrix of a group is a plain 2-D leaf whose
+    wide view is tiled over two mesh axes the same way (FSDP x tensor parallel: ``P('data',
+    'model')`` kernels with the ``P('model', 'data')`` ones transposed to their wide form), those two
+    being all of ``axes``; a square matrix tiled the other way is taken transposed (``flips[i]``,
+    ``NS(G^T) = NS(G)^T``). Else ``None``."""
+    tilings = []
     for (_, g), spec in zip(members, specs):
         if spec is None or len(g.shape) != 2 or g.fan_out_splits != 1 or g.batch_axes:
             return None
         rows, cols = spec[g.fan_in_axes[0]], spec[g.fan_out_axes[0]]
-        found.add((cols, rows) if g.d_in > g.d_out else (rows, cols))
-    if len(found) != 1:
-        return None
-    rows, cols = found.pop()
+        tilings.append((cols, rows) if g.d_in > g.d_out else (rows, cols))
+    rows, cols = tilings[0]
     if not (isinstance(rows, str) and isinstance(cols, str)) or rows == cols or {rows, cols} != set(axes):
         return None
-    return rows, cols
+    flips = tuple(t != (rows, cols) for t in tilings)
+    square = all(g.d_in == g.d_out for _, g in members)
+    if any(t not in ((rows, cols), (cols, rows)) for t in tilings) or (any(flips) and not square):
+        return None
+    return rows, cols, flips
 
 
 def _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles):
