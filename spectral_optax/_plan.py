@@ -18,8 +18,14 @@ plan picks, per group, the ``k`` minimizing::
 
     flops(k) + FLOPS_PER_BYTE * gram_bytes(k),
     flops(k)      = ceil(B k / N) * (whole-matrix flops          if k = 1,
-                                     steps (4 m^2 ceil(n/k) + 2 m^3) if k > 1),
+                                     steps 6 m^2 c                   if k = N and c < m,
+                                     steps (4 m^2 c + 2 m^3)         otherwise),   c = ceil(n / k),
     gram_bytes(k) = ceil(B k / N) * steps * m^2 * itemsize(compute dtype)   (k > 1).
+
+Split over every device (``k = N``, one owner group) the iteration runs under
+``shard_map`` and a block narrower than its Gram matrix (``c < m``) is updated
+as ``b (A X) + c A (A X)`` (``2 m^2 c`` for the Gram and ``4 m^2 c`` for the
+update, instead of ``2 m^3 + 2 m^2 c``): no device repeats the ``A^2`` product.
 
 Every device runs every group's program (one SPMD program), so the flops of
 a device are the sum over groups of ``flops(k)``.
@@ -163,7 +169,8 @@ def plan_group(
             flops, gram, meth = float(per * whole), 0.0, method
         else:
             assert steps is not None
-            flops = float(per * steps * (4 * m * m * cols + 2 * m**3))
+            narrow = owners == 1 and cols < m  # shard_map over every device: b (A X) + c A (A X)
+            flops = float(per * steps * (6 * m * m * cols if narrow else 4 * m * m * cols + 2 * m**3))
             gram, meth = float(per * steps * m * m * compute_itemsize), "standard"
         move = float(2 * math.ceil(count * m * n / devices) * move_itemsize)
         plan = GroupPlan(m, n, count, k, owners, meth, flops, float(count * whole), gram, move, paths)

@@ -35,7 +35,10 @@ def test_plan_splits_the_large_matrix_over_16_devices():
     """16 devices, 6 square 128 x 128 kernels and one 128 x 16384 (a head): the square group has
     fewer matrices than devices and the head is split over all 16 along its long side. Compiled
     per-device flops <= 1.3 x (total / 16) and collective bytes <= 3 x the device's parameter shard
-    (before the plan: 16.3 x the flops, every device orthogonalizing everything); values equal the float64 reference."""
+    (before the plan: 16.3 x the flops, every device orthogonalizing everything); values equal the float64 reference.
+    Then a 512 x 4096 head alone, split over all 16 devices into blocks narrower than its Gram matrix:
+    compiled flops within 5% of the plan's narrow update (2.01 GFLOP), below the 2.68 GFLOP of
+    ``(b A + c A^2) X`` with ``A^2`` on every device; values equal the float64 reference."""
     out = run_script(
         REFERENCE
         + """
@@ -73,6 +76,22 @@ for name in grads:
     print(name, err)
     assert err < 1e-4, (name, err)
     assert got[name]["kernel"].sharding.is_equivalent_to(NamedSharding(mesh, spec(grads[name]["kernel"])), 2)
+
+# A head 512 x 4096 split over all 16 devices has blocks of 256 < 512 columns: updated as
+# b (A X) + c A (A X) (predicted 2.01 GFLOP per device instead of 2.68 with A^2 on every device).
+narrow = {"head": {"kernel": jax.random.normal(jax.random.key(3), (512, 4096))}}
+on_mesh = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P(None, "data"))), narrow)
+plan = so.orthogonalization_plan(on_mesh, ns_method="standard")
+assert plan.groups[0].split == 16 and plan.groups[0].owners == 1, plan
+flops, comm = compiled_costs(jax.jit(tx.update), on_mesh, tx.init(on_mesh))
+standard = 5 * (4 * 512**2 * 256 + 2 * 512**3)
+print("narrow head", flops, plan.flops_per_device, standard)
+assert plan.flops_per_device <= flops <= 1.05 * plan.flops_per_device < standard, (flops, plan.flops_per_device)
+got, _ = jax.jit(tx.update)(on_mesh, tx.init(on_mesh))
+want = ns_reference(narrow["head"]["kernel"], [MUON_QUINTIC] * 5)
+err = np.max(np.abs(np.asarray(got["head"]["kernel"], np.float64) - want)) / np.max(np.abs(want))
+print("narrow head err", err)
+assert err < 1e-4, err
 print("ok")
 """,
         devices=16,
@@ -236,10 +255,12 @@ def test_printed_plan_of_a_pod_sized_tree():
     head = by_shape[(d, v)]
     assert head.split > 1 and head.method == "standard"
     steps = 5
-    assert head.flops == steps * (4 * d * d * -(-v // head.split) + 2 * d**3)  # the module's formula
+    cols = -(-v // head.split)
+    assert head.owners == 1 and cols < d  # split over every device, narrow blocks: b (A X) + c A (A X)
+    assert head.flops == steps * 6 * d * d * cols  # the module's formula
     square = by_shape[(d, d)]
     assert square.split == 1 and square.per_device == 1 and square.flops == steps * (4 * d**3 + 2 * d**3)
     assert plan.flops_per_device == sum(g.flops for g in plan.groups)
     text = str(plan)
     assert "2048 x 32000" in text and "2048 x 8192" in text and "lm_head/kernel" in text, text
-    assert plan.flops_per_device <= 1.4 * plan.total_flops / 64, text
+    assert plan.flops_per_device <= 1.3 * plan.total_flops / 64, text  # 1.265 (1.375 with A^2 on every device)

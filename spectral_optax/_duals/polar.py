@@ -384,10 +384,19 @@ def _precondition(x, preconditioning: str, safety: float, wide: bool, precision,
 def _standard(x, table, wide: bool, precision, axis_name=None, gram0=None):
     """``X <- a X + (b A + c A^2) X`` with ``A`` on the short side (with
     ``axis_name``: on the side that contracts the split axis, ``psum``-ed);
-    ``gram0``: the first step's ``A`` when the preconditioning formed it."""
+    ``gram0``: the first step's ``A`` when the preconditioning formed it.
+
+    A split block narrower than ``A`` (``w`` local columns, ``s x s`` Gram, ``w < s``) is updated
+    as ``a X + b (A X) + c A (A X)``: ``4 s^2 w`` flops instead of ``2 s^3 + 2 s^2 w``, the
+    ``s^3`` product ``A^2`` being the same on every device of the split."""
     psum = (lambda a: a) if axis_name is None else (lambda a: jax.lax.psum(a, axis_name))
+    s, w = (x.shape[-2], x.shape[-1]) if wide else (x.shape[-1], x.shape[-2])
     for i, (a, b, c) in enumerate(table):
         gram = gram0 if i == 0 and gram0 is not None else _form_gram(x, wide, precision, psum)
+        if axis_name is not None and w < s:
+            ax = _apply(gram, x, wide, precision)
+            x = a * x + b * ax + c * _apply(gram, ax, wide, precision)
+            continue
         poly = b * gram + c * _dot(gram, gram, 2, 1, precision)
         x = a * x + _apply(poly, x, wide, precision)
     return x

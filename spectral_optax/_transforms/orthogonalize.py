@@ -29,6 +29,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -190,7 +191,7 @@ def orthogonalize_via_newton_schulz(
 
     plan_args = (ns_coefficients, ns_steps, compute_dtype, ns_method, precision)
 
-    def orthogonalize(stacked, method=None):
+    def orthogonalize(stacked, method=None, axis_name=None):
         return newton_schulz(
             stacked,
             ns_coefficients,
@@ -199,6 +200,7 @@ def orthogonalize_via_newton_schulz(
             method=method or ns_method,
             norm_safety=norm_safety,
             precision=precision,
+            axis_name=axis_name,
             preconditioning=ns_preconditioning,
         )
 
@@ -216,7 +218,9 @@ def orthogonalize_via_newton_schulz(
         if axes and distribute is not False and not manual_axes(mesh):
             plan = _plan(groups, flat, mesh_size(mesh, axes), *plan_args)
             specs = [explicit_spec(x, x.ndim) for x in leaves]
-            run = lambda *xs: _run_plan(groups, plan, xs, orthogonalize, scale, compute_dtype, ns_coefficients, specs)
+            run = lambda *xs: _run_plan(
+                groups, plan, xs, orthogonalize, scale, compute_dtype, ns_coefficients, specs, mesh, axes
+            )
         else:  # one device, inside shard_map, or distribute=False (XLA partitions the matmuls)
             run = lambda *xs: _run_batched(groups, xs, orthogonalize, scale)
         for (i, _), y in zip(members, keeping_specs(run, leaves, mesh)):
@@ -269,7 +273,7 @@ def _move_dtype(dtype, compute_dtype, coefficients):
     return cdtype if cdtype.itemsize < jnp.dtype(dtype).itemsize else dtype
 
 
-def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coefficients, specs=None):
+def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coefficients, specs=None, mesh=None, axes=()):
     """Every group orthogonalized as its plan says; the finished leaves, in ``groups`` order.
 
     A group's wide matrices are stacked to ``(B, m, n)``, zero-padded to ``B'``
@@ -281,7 +285,13 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
     Gram products contracting the split columns become one all-reduce over
     the ``k`` devices per step, and each result goes back to its leaf's layout
     (``shard_alike`` with the input; on ``Explicit`` meshes the leaf's
-    ``PartitionSpec`` as the output sharding).
+    ``PartitionSpec`` as the output sharding). A group split over every device (one owner group)
+    runs under ``shard_map`` on the leaves' mesh instead (:func:`~spectral_optax.newton_schulz`
+    with ``axis_name``: an explicit ``psum`` per step, and blocks narrower than the Gram matrix
+    updated as ``b (A X) + c A (A X)``, without the ``A^2`` that every device would repeat);
+    a group of whole matrices tiled over two mesh axes goes to its owners and back by one
+    all-to-all each way (:func:`_owned_from_tiles`). Fused-fan-out leaves of one geometry and
+    layout are cut into their blocks as one stack (:func:`_fused_local`, :func:`_fused_units`).
     """
     out, it = [], iter(leaves)
     spec_it = iter(specs or [None] * len(leaves))
@@ -290,35 +300,192 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
         devices = gp.owners * gp.split
         xs = [next(it) for _ in members]
         ss = [next(spec_it) for _ in members]
-        mats = [_via_one_axis(_wide_to_move(x, g, devices), sp, devices) for x, (_, g), sp in zip(xs, members, ss)]
+        units = _fused_units(xs, members, ss)  # fused leaves of one layout: one cut for all
+        unit_x = [xs[u[0]] if len(u) == 1 else jnp.stack([xs[i] for i in u]) for u in units]
+        unit_g = [members[u[0]][1] if len(u) == 1 else _stacked(members[u[0]][1], len(u)) for u in units]
+        unit_s = [ss[u[0]] if len(u) == 1 or ss[u[0]] is None else P(None, *ss[u[0]]) for u in units]
+        local = [_fused_local(g, mesh, axes, devices) for g in unit_g]
+        if any(len(u) > 1 and cut is None for u, (cut, _) in zip(units, local)):  # no local cut: leaf by leaf
+            units = [[i] for i in range(len(xs))]
+            unit_x, unit_g, unit_s = list(xs), [g for _, g in members], list(ss)
+            local = [_fused_local(g, mesh, axes, devices) for g in unit_g]
+        tiles = _common_tiling(members, ss, axes) if gp.split == 1 and mesh is not None else None
+        if tiles:  # a 2-D tiling, moved to the owners and back by one all-to-all each way
+            unit_s = [None] * len(units)
+        mats = [
+            _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices)
+            for x, g, sp, (cut, _) in zip(unit_x, unit_g, unit_s, local)
+        ]
+        flips = tiles[2] if tiles else (False,) * len(mats)
+        mats = [jnp.swapaxes(m, 1, 2) if f else m for m, f in zip(mats, flips)]
         dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
         stacked = jnp.concatenate([m.astype(dtype) for m in mats], axis=0) if len(mats) > 1 else mats[0].astype(dtype)
         total, n = stacked.shape[0], stacked.shape[2]
         pad_b, pad_n = -total % gp.owners, -n % gp.split
         if pad_b or pad_n:
             stacked = jnp.pad(stacked, ((0, pad_b), (0, 0), (0, pad_n)))
-        mesh = jax.sharding.AbstractMesh(
-            (gp.owners, gp.split), ("_owners", "_split"), axis_types=(jax.sharding.AxisType.Auto,) * 2
-        )
-        owned = jax.sharding.NamedSharding(mesh, P("_owners", None, "_split" if gp.split > 1 else None))
-        stacked = jax.lax.with_sharding_constraint(stacked, owned)
-        ortho = jax.lax.with_sharding_constraint(orthogonalize(stacked, gp.method if gp.split > 1 else None), owned)
+        if tiles:
+            ortho = _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles[:2])
+        elif gp.split > 1 and gp.owners == 1 and mesh is not None:
+            ortho = _split_everywhere(stacked, orthogonalize, mesh, axes)
+        else:
+            view = jax.sharding.AbstractMesh(
+                (gp.owners, gp.split), ("_owners", "_split"), axis_types=(jax.sharding.AxisType.Auto,) * 2
+            )
+            owned = jax.sharding.NamedSharding(view, P("_owners", None, "_split" if gp.split > 1 else None))
+            stacked = jax.lax.with_sharding_constraint(stacked, owned)
+            ortho = orthogonalize(stacked, gp.method if gp.split > 1 else None)
+            ortho = jax.lax.with_sharding_constraint(ortho, owned)
         ortho = ortho[:total, :, :n] if pad_b or pad_n else ortho
-        start = 0
-        for x, (_, g), sp in zip(xs, members, ss):
-            block = _finish(_via_one_axis(ortho[start : start + g.num_slices], sp, devices), g, scale, x.dtype)
-            block = blocks_local(block, g, devices)  # fused blocks joined locally, then one all-to-all
+        start, done = 0, {}
+        for u, g, sp, (_, join), flip in zip(units, unit_g, unit_s, local, flips):
+            block = _via_one_axis(ortho[start : start + g.num_slices], sp, devices)
+            block = jnp.swapaxes(block, 1, 2) if flip else block
             start += g.num_slices
-            out.append(shard_alike(block, x)[0])
+            factors = [orthogonal_update_scale(members[i][1], scale) for i in u]  # each leaf's own
+            if len(u) == 1:
+                factor = factors[0]
+            else:
+                factor = jnp.repeat(jnp.asarray(factors), g.num_slices // len(u))[:, None, None]
+            block = _finish(block, g, factor, xs[u[0]].dtype, join)
+            block = block if join else blocks_local(block, g, devices)  # fused blocks joined locally
+            done.update({i: block[j] for j, i in enumerate(u)} if len(u) > 1 else {u[0]: block})
+        out.extend(shard_alike(done[i], x)[0] for i, x in enumerate(xs))
     return tuple(out)
+
+
+def _fused_units(xs, members, specs) -> list[list[int]]:
+    """The members of a group as units: each fused-fan-out leaf (QKV) with the others of its
+    geometry, layout and dtype (cut and joined as one stack), every other leaf alone."""
+    units: dict = {}
+    for i, (x, (_, g), sp) in enumerate(zip(xs, members, specs)):
+        units.setdefault((g, sp, jnp.dtype(x.dtype)) if g.fan_out_splits > 1 else i, []).append(i)
+    return list(units.values())
+
+
+def _stacked(g: Geometry, count: int) -> Geometry:
+    """``g`` with a new leading batch axis of ``count`` leaves."""
+    shift = lambda axes: tuple(a + 1 for a in axes)
+    return dataclasses.replace(
+        g, shape=(count, *g.shape), fan_in_axes=shift(g.fan_in_axes), fan_out_axes=shift(g.fan_out_axes)
+    )
+
+
+def _context_mesh(mesh):
+    """The context mesh when one is set (inside :func:`~spectral_optax._sharding.keeping_specs`
+    its axes are ``Auto``), else ``mesh`` (the leaves' own), for ``shard_map``."""
+    context = jax.sharding.get_abstract_mesh()
+    return mesh if context.empty else context
+
+
+def _split_everywhere(stacked, orthogonalize, mesh, axes):
+    """``stacked`` ``(B, m, n')`` orthogonalized with its columns cut over all ``axes`` of ``mesh``,
+    under ``shard_map``."""
+    mesh = _context_mesh(mesh)
+    spec = P(None, None, tuple(axes))
+    stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, spec))
+    body = lambda block: orthogonalize(block, "standard", tuple(axes))
+    return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(stacked)
+
+
+def _common_tiling(members, specs, axes):
+    """``(rows axis, columns axis, flips)`` when every matrix of a group is a plain 2-D leaf whose
+    wide view is tiled over two mesh axes the same way (FSDP x tensor parallel: ``P('data',
+    'model')`` kernels with the ``P('model', 'data')`` ones transposed to their wide form), those two
+    being all of ``axes``; a square matrix tiled the other way is taken transposed (``flips[i]``,
+    ``NS(G^T) = NS(G)^T``). Else ``None``."""
+    tilings = []
+    for (_, g), spec in zip(members, specs):
+        if spec is None or len(g.shape) != 2 or g.fan_out_splits != 1 or g.batch_axes:
+            return None
+        rows, cols = spec[g.fan_in_axes[0]], spec[g.fan_out_axes[0]]
+        tilings.append((cols, rows) if g.d_in > g.d_out else (rows, cols))
+    rows, cols = tilings[0]
+    if not (isinstance(rows, str) and isinstance(cols, str)) or rows == cols or {rows, cols} != set(axes):
+        return None
+    flips = tuple(t != (rows, cols) for t in tilings)
+    square = all(g.d_in == g.d_out for _, g in members)
+    if any(t not in ((rows, cols), (cols, rows)) for t in tilings) or (any(flips) and not square):
+        return None
+    return rows, cols, flips
+
+
+def _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles):
+    """``stacked`` ``(B', m, n)`` (``B'`` a multiple of the ``N`` devices) tiled ``P(None, rows,
+    cols)`` over two mesh axes, orthogonalized whole matrix by whole matrix under ``shard_map``:
+    one all-to-all over both axes deals ``B' / N`` matrices to every device (each receiving one
+    tile of each from every device, reassembled locally), and one brings the tiles back. XLA's
+    partitioner would go through a one-axis layout (two all-to-alls each way)."""
+    mesh = _context_mesh(mesh)
+    names = tuple(a for a in mesh.axis_names if a in axes)  # the all-to-all's device order
+    sizes = dict(mesh.shape)
+    r, c = sizes[tiles[0]], sizes[tiles[1]]
+    rows_first = names[0] == tiles[0]
+    spec = P(None, *tiles)
+    n_dev = r * c
+
+    def body(block):
+        b, mr, nc = block.shape
+        x = jax.lax.all_to_all(block.reshape(n_dev, b // n_dev, mr, nc), names, 0, 0, tiled=True)
+        x = x.reshape(*((r, c) if rows_first else (c, r)), b // n_dev, mr, nc)
+        x = x.transpose((2, 0, 3, 1, 4) if rows_first else (2, 1, 3, 0, 4)).reshape(b // n_dev, r * mr, c * nc)
+        y = orthogonalize(x)
+        y = y.reshape(b // n_dev, r, mr, c, nc).transpose((1, 3, 0, 2, 4) if rows_first else (3, 1, 0, 2, 4))
+        y = jax.lax.all_to_all(y.reshape(n_dev, b // n_dev, mr, nc), names, 0, 0, tiled=True)
+        return y.reshape(b, mr, nc)
+
+    stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, spec))
+    return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(stacked)
+
+
+def _fused_local(g: Geometry, mesh, axes, devices: int):
+    """``(cut, join)`` for a leaf fusing fan-out blocks (``fan_out_splits > 1``, QKV): ``cut``
+    takes the leaf to its wide view ``(slices, m, n)`` and ``join`` back, each under ``shard_map``
+    on local blocks, the leaf sharded over every device on its largest batch or fan-in axis that
+    they divide (one all-to-all from a layout sharded on the fused fan-out, GPT-2 ``c_attn`` under
+    FSDP). Local blocks of a non-leading axis come out in another order of rows (or matrices), which
+    ``join`` undoes and the iteration does not see (``NS(P G) = P NS(G)``). ``(None, None)`` for
+    other leaves, or when no such axis exists."""
+    axis = max(
+        (a for a in g.batch_axes + g.fan_in_axes if g.shape[a] % devices == 0), key=lambda a: g.shape[a], default=None
+    )
+    if g.fan_out_splits == 1 or mesh is None or devices == 1 or axis is None:
+        return None, None
+    names = tuple(axes)
+    leaf_spec = P(*[names if a == axis else None for a in range(len(g.shape))])
+    dim = 0 if axis in g.batch_axes else (2 if g.d_in > g.d_out else 1)
+    wide_spec = P(*[names if d == dim else None for d in range(3)])
+
+    def local(b):
+        return dataclasses.replace(g, shape=b.shape)
+
+    def cut(x):
+        m = _context_mesh(mesh)
+        x = jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(m, leaf_spec))
+        # materialized (optimization_barrier): XLA's CPU backend otherwise gives the all-to-all to the
+        # owners operands of different layouts and fails its own verifier (GPT-2 XL on 64 devices)
+        body = lambda b: jax.lax.optimization_barrier(_wide(to_matrix(b, local(b)), g, matrix=True))
+        return jax.shard_map(body, mesh=m, in_specs=leaf_spec, out_specs=wide_spec)(x)
+
+    def join(block):
+        m = _context_mesh(mesh)
+        shape = list(g.shape)
+        shape[axis] //= devices
+        gl = dataclasses.replace(g, shape=tuple(shape))
+        body = lambda b: from_matrix(jnp.swapaxes(b, 1, 2) if g.d_in > g.d_out else b, gl)
+        return jax.shard_map(body, mesh=m, in_specs=wide_spec, out_specs=leaf_spec)(block)
+
+    return cut, join
 
 
 def _wide_to_move(x, g: Geometry, devices: int):
     """The wide view of a leaf about to be moved to its owners; with fused fan-out blocks
-    (``fan_out_splits > 1``, QKV) cut locally (:func:`~spectral_optax._sharding.blocks_local`) and
-    materialized (``optimization_barrier``): XLA's CPU backend otherwise fuses the block
-    transposition into the all-to-all and fails its own verifier (GPT-2 XL ``c_attn`` on 64
-    devices: "all-to-all has operands with different shapes")."""
+    (``fan_out_splits > 1``, QKV) that :func:`_fused_local` cannot cut (no batch or fan-in axis
+    divisible by the devices) cut where XLA makes them local
+    (:func:`~spectral_optax._sharding.blocks_local`) and materialized (``optimization_barrier``):
+    XLA's CPU backend otherwise fuses the block transposition into the all-to-all and fails its
+    own verifier (GPT-2 XL ``c_attn`` on 64 devices: "all-to-all has operands with different
+    shapes")."""
     if g.fan_out_splits == 1:
         return _wide(x, g)
     return jax.lax.optimization_barrier(_wide(blocks_local(x, g, devices), g))
@@ -350,18 +517,21 @@ def _run_batched(groups, leaves, orthogonalize, scale):
     return tuple(out)
 
 
-def _wide(x, g: Geometry):
-    """The canonical view ``(num_slices, d_in, d_out)``, transposed to ``m <= n``."""
-    m = to_matrix(x, g)
+def _wide(x, g: Geometry, matrix: bool = False):
+    """The canonical view ``(num_slices, d_in, d_out)`` (``x`` itself if ``matrix``), transposed to ``m <= n``."""
+    m = x if matrix else to_matrix(x, g)
     return jnp.swapaxes(m, 1, 2) if g.d_in > g.d_out else m
 
 
-def _finish(block, g: Geometry, scale, dtype):
-    """``scale(g) * block`` (wide) back in the leaf's shape and dtype."""
-    if g.d_in > g.d_out:
-        block = jnp.swapaxes(block, 1, 2)
+def _finish(block, g: Geometry, scale, dtype, join=None):
+    """``scale(g) * block`` (wide) back in the leaf's shape and dtype (by ``join`` when given);
+    ``scale`` a number or an array is the factor itself."""
     factor = orthogonal_update_scale(g, scale)
     block = (block.astype(jnp.promote_types(block.dtype, jnp.float32)) * factor).astype(dtype)
+    if join is not None:
+        return join(block)
+    if g.d_in > g.d_out:
+        block = jnp.swapaxes(block, 1, 2)
     return from_matrix(block, g)
 
 
