@@ -73,6 +73,10 @@ _GEMMA_EINSUM = {
 _GEMMA_MIN_NDIM = {"q_einsum": 3, "kv_einsum": 4, "qkv_einsum": 4, "attn_vec_einsum": 3}
 _DENSE_NAME = re.compile(r"^(dense|linear)(_\d+)?$", re.IGNORECASE)
 _CONV_NAME = re.compile(r"conv", re.IGNORECASE)
+# nn.ConvLocal: a separate filter per output position, kernel (*out_positions, window x in, out).
+_CONV_LOCAL_NAME = re.compile(r"^conv_?local(_\d+)?$", re.IGNORECASE)
+# Flax's default name of a Dense layer (the read-out of a classifier that does not name its head).
+_DEFAULT_DENSE_NAME = re.compile(r"^Dense_(\d+)$")
 _QKV_NAME = re.compile(r"^(query|key|value)$", re.IGNORECASE)
 # A fused query/key/value projection: its fan-out is three independent blocks.
 _FUSED_QKV_NAME = re.compile(r"^(qkv|qkv_proj|c_attn|wqkv)$", re.IGNORECASE)
@@ -298,6 +302,8 @@ class _Layout:
     role: str = "hidden"
     #: Explicit (fan_in, fan_out) axes (an einsum's kernel), instead of the trailing layout.
     axes: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    #: Why the hint may be wrong where no trace checks it (warned when it decides alone).
+    doubt: str | None = None
 
 
 def _einsum_layout(eq: str) -> _Layout | None:
@@ -316,7 +322,15 @@ def _einsum_layout(eq: str) -> _Layout | None:
     fan_out = tuple(i for i, c in enumerate(w) if c in out and c not in x)
     if not fan_in or not fan_out or any(c not in x and c not in out for c in w):
         return None
-    return _Layout("matrix", len(fan_in), len(w) - len(fan_in), axes=(fan_in, fan_out))
+    doubt = None
+    if len(fan_out) > 1:
+        letters = ", ".join(w[i] for i in fan_out)
+        doubt = (
+            f"the einsum {eq!r} gives the weight {len(fan_out)} output axes ({letters}), and whether one of them "
+            "is a stack whose blocks are used separately after the product (key / value, gate / up: a batch "
+            "axis) or part of the fan-out (heads) only the forward pass shows"
+        )
+    return _Layout("matrix", len(fan_in), len(w) - len(fan_in), axes=(fan_in, fan_out), doubt=doubt)
 
 
 def _module_layouts(type_name: str, attrs: Mapping[str, Any]) -> dict[str, _Layout]:
@@ -764,7 +778,22 @@ class GeometryMap:
             elif other is not None and other.role != t.geometry.role:
                 how += f"; {src} said role {other.role!r}"
             return t.geometry, how
+        head = _default_head(path, shape_of)
         if hint is not None:
+            lay = self._hint_for(path)
+            if t is None and lay is not None and lay.doubt is not None:
+                warnings.warn(
+                    f"parameter '{path}' with shape {shape}: taken as {_short(hint)} from its module, but "
+                    f"{lay.doubt}. Pass example inputs so that the trace decides "
+                    "(spectral_optax.GeometryMap.from_nnx(model, x) / from_linen(model, x)), or fix it with an "
+                    "override.\n" + _override_help(path, shape),
+                    GeometryWarning,
+                    stacklevel=4,
+                )
+                return hint, "module hint (warned: unchecked without a trace)"
+            if head is not None and t is None and hint.role != "output":
+                _default_head_warning(path, shape, head)
+                return hint.replace(role="output"), f"module hint, guessed read-out ({head})"
             return hint, "module hint" + (f" (trace: {t.reason})" if t is not None else "")
         if t is not None and not t.defer:
             err = UndecidableGeometryError(
@@ -774,6 +803,9 @@ class GeometryMap:
             err.reason = t.reason  # type: ignore[attr-defined]
             raise err
         g = self._from_names(path, shape, shape_of)
+        if head is not None and g.role == "output" and not _is_output_path(path):
+            _default_head_warning(path, shape, head)
+            return g, f"name rule, guessed read-out ({head})"
         return g, "name rule" + (f" (trace: {t.reason})" if t is not None else "")
 
     def _hint_for(self, path: str):
@@ -809,7 +841,7 @@ class GeometryMap:
         parent = parts[-2] if len(parts) > 1 else ""
         grandparent = parts[-3] if len(parts) > 2 else ""
         ndim = len(shape)
-        role = "output" if _is_output_path(path) else "hidden"
+        role = "output" if _is_output_path(path) or _default_head(path, shape_of) else "hidden"
 
         if "embed" in leaf and ndim >= 2:
             return Geometry.embedding(shape, role=role)
@@ -848,6 +880,8 @@ class GeometryMap:
         if ndim == 2:
             return Geometry.matrix(shape, role=role)
         if leaf == "kernel":
+            if _CONV_LOCAL_NAME.match(parent):  # one (window x in, out) matrix per output position
+                return Geometry(shape, "matrix", (ndim - 2,), (ndim - 1,), role=role)
             if _CONV_NAME.search(parent):
                 return Geometry(shape, "matrix", tuple(range(ndim - 1)), (ndim - 1,), role=role)
             if _DENSE_NAME.match(parent):
@@ -933,6 +967,47 @@ def _fused_qkv_splits(path: str, shape: tuple[int, ...], fan_out: tuple[int, ...
     if len(parts) < 2 or parts[-1] != "kernel" or not _FUSED_QKV_NAME.match(parts[-2]):
         return 1
     return 3 if int(np.prod([shape[a] for a in fan_out])) % 3 == 0 else 1
+
+
+def _default_head(path: str, shape_of) -> str | None:
+    """The module name (``'Dense_3'``) if ``path`` is a leaf of the guessed read-out of a tree that names
+    no head: the highest-numbered top-level ``Dense_N`` with a 2-D kernel, when the tree has other
+    layers (another kernel or an embedding) and no module named as a head. ``None`` otherwise."""
+    parts = path.split("/")
+    if parts[:1] == ["params"]:
+        parts = parts[1:]
+    if len(parts) != 2 or not _DEFAULT_DENSE_NAME.match(parts[0]):
+        return None
+    best, others = None, False
+    for p, s in shape_of.items():
+        q = p.split("/")
+        if q[:1] == ["params"]:
+            q = q[1:]
+        if _is_output_path(p):
+            return None
+        m = _DEFAULT_DENSE_NAME.match(q[0]) if len(q) == 2 and q[1] == "kernel" and len(s) == 2 else None
+        if m is not None:
+            others = others or best is not None
+            best = int(m.group(1)) if best is None else max(best, int(m.group(1)))
+        elif q[-1] == "kernel" or "embed" in q[-1].lower():
+            others = True
+    if best is None or not others or parts[0] != f"Dense_{best}":
+        return None
+    return parts[0]
+
+
+def _default_head_warning(path: str, shape: tuple[int, ...], module: str) -> None:
+    kind = "matrix" if path.endswith("kernel") else "vector"
+    warnings.warn(
+        f"parameter '{path}' with shape {shape}: taken as the read-out (role 'output') because '{module}' is "
+        "the highest-numbered top-level Dense_N and no module is named as a head (head, lm_head, logits, "
+        "classifier, ...); only the computation says for sure. Pass the model "
+        "(spectral_optax.GeometryMap.from_linen(model, x) / from_apply(apply_fn, params, x)), name the layer "
+        f"(nn.Dense(..., name='head')), or fix it with an override, e.g. "
+        f"geometry={{r'{module}/{path.split('/')[-1]}$': dict(kind='{kind}', role='hidden')}}.",
+        GeometryWarning,
+        stacklevel=4,
+    )
 
 
 def _is_output_path(path: str) -> bool:
