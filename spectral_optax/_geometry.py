@@ -394,9 +394,9 @@ def _hints_from_nnx(module) -> dict[tuple[str, ...], dict[str, _Layout]]:
     return hints
 
 
-def _hints_from_linen(module, args, kwargs) -> tuple[dict[tuple[str, ...], dict[str, _Layout]], dict]:
-    import flax.linen as nn
-
+def _linen_hint_recorder():
+    """``(hints, interceptor)``: run a Linen module under ``nn.intercept_methods(interceptor)`` to
+    record the layout hints of every module it calls."""
     hints: dict[tuple[str, ...], dict[str, _Layout]] = {}
 
     def interceptor(next_fun, call_args, call_kwargs, context):
@@ -408,15 +408,67 @@ def _hints_from_linen(module, args, kwargs) -> tuple[dict[tuple[str, ...], dict[
                 hints[path] = lay
         return next_fun(*call_args, **call_kwargs)
 
+    return hints, interceptor
+
+
+def _hints_from_linen(module, args, kwargs) -> tuple[dict[tuple[str, ...], dict[str, _Layout]], dict]:
+    """The module hints and the variables' shapes, from ``jax.eval_shape`` of ``module.init``."""
+    import flax.linen as nn
+
+    hints, interceptor = _linen_hint_recorder()
     with nn.intercept_methods(interceptor):
         variables = jax.eval_shape(lambda: module.init(jax.random.key(0), *args, **kwargs))
     return hints, dict(variables)
 
 
-def _trace_or_warn(trace_fn, apply, params, args, kwargs):
+def _linen_init_trace(module, rngs, args, kwargs):
+    """One trace of ``module.init_with_output(rngs, *args, **kwargs)``: ``(hints, InitTrace)``."""
+    import flax.linen as nn
+
+    from spectral_optax._trace import trace_init
+
+    def init(r, *a, **kw):
+        y, variables = module.init_with_output(r, *a, **kw)
+        variables = dict(variables)
+        params = variables.pop("params", {})
+        return y, params, variables
+
+    hints, interceptor = _linen_hint_recorder()
+    with nn.intercept_methods(interceptor):
+        tr = trace_init(init, rngs, *args, **kwargs)
+    return hints, tr
+
+
+def _linen_apply_trace(module, variables, args, kwargs):
+    """The decisions of a trace of ``module.apply`` on ``variables`` (arrays or shapes)."""
+    from spectral_optax._trace import trace_geometry
+
+    others = [c for c in variables if c != "params"]
+
+    def apply(p, collections, *a, **kw):
+        out = module.apply(
+            {**collections, "params": p}, *a, rngs={"dropout": jax.random.key(0)}, mutable=others or False, **kw
+        )
+        return out[0] if others else out  # the model's output, not the updated batch statistics
+
+    rest = {c: variables[c] for c in others}
+    return trace_geometry(apply, variables.get("params", {}), rest, *args, **kwargs)
+
+
+def _linen_decisions(module, tr, args, kwargs):
+    """The init trace's decisions; the parameters it cannot place come from a trace of ``apply``."""
+    traced = dict(tr.decisions())
+    if tr.unmapped:
+        params, rest = jax.eval_shape(tr.values)
+        applied = _linen_apply_trace(module, {"params": params, **rest}, args, kwargs)
+        traced.update({p: applied[p] for p in tr.unmapped if p in applied})
+    return traced
+
+
+def _trace_or_warn(trace_fn, *args, **kwargs):
     """The trace's decisions, or ``None`` with a :class:`GeometryWarning` if the model does not trace."""
     try:
-        return trace_fn(apply, params, *args, **kwargs)
+        return trace_fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the module hints still decide
         warnings.warn(
             f"could not trace the model's forward pass ({type(e).__name__}: {e}); geometry from module "
@@ -630,16 +682,19 @@ class GeometryMap:
             def apply(p, *a, **kw):
                 return nnx.merge(graphdef, p, rest)(*a, **kw)
 
-            traced = _trace_or_warn(trace_geometry, apply, state, example_args, example_kwargs)
+            traced = _trace_or_warn(trace_geometry, apply, state, *example_args, **example_kwargs)
         return cls(overrides, hints=hints, strict=strict, traced=traced)
 
     @classmethod
     def from_linen(cls, module, *args, overrides=None, strict: bool = False, **kwargs) -> GeometryMap:
         """Layouts from a Linen module, traced (shapes only) on ``args``.
 
-        The forward pass ``module.apply(variables, *args, **kwargs)`` decides each
-        parameter as in :meth:`from_apply`; the module hints (Dense, DenseGeneral,
-        Conv, Embed, Einsum, norms) are the cross-check and the fallback.
+        One trace of ``module.init_with_output(key, *args, **kwargs)`` (abstract
+        values: no FLOPs): the forward pass inside it decides each parameter as in
+        :meth:`from_apply`, walked from the variables that become the parameters;
+        the module hints (Dense, DenseGeneral, Conv, Embed, Einsum, norms) recorded
+        in the same trace are the cross-check and the fallback. To get the
+        variables too, from the same trace, use :func:`init_with_geometry`.
 
         Args:
           module: the Linen module.
@@ -648,19 +703,8 @@ class GeometryMap:
           strict: raise instead of the element-wise fallback for undecided leaves.
           **kwargs: keyword inputs of the module call.
         """
-        from spectral_optax._trace import trace_geometry
-
-        hints, variables = _hints_from_linen(module, args, kwargs)
-        others = [c for c in variables if c != "params"]
-
-        def apply(p, collections, *a, **kw):
-            out = module.apply(
-                {**collections, "params": p}, *a, rngs={"dropout": jax.random.key(0)}, mutable=others or False, **kw
-            )
-            return out[0] if others else out  # the model's output, not the updated batch statistics
-
-        rest = {c: variables[c] for c in others}
-        traced = _trace_or_warn(trace_geometry, apply, variables.get("params", {}), (rest, *args), kwargs)
+        hints, tr = _linen_init_trace(module, jax.random.key(0), args, kwargs)
+        traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs)
         return cls(overrides, hints=hints, strict=strict, traced=traced)
 
     def check_overrides(self, paths: Sequence[str], where: str = "geometry") -> None:
@@ -1046,6 +1090,34 @@ def as_geometry_map(geometry: GeometryLike = None) -> GeometryMap:
     if isinstance(geometry, Mapping) and _looks_like_regex_dict(geometry):
         return GeometryMap(geometry)
     return GeometryMap(tree=geometry)
+
+
+def init_with_geometry(module, rngs, *args, overrides=None, strict: bool = False, **kwargs):
+    """``module.init(rngs, *args, **kwargs)`` and its :class:`GeometryMap`, from one trace.
+
+    ``jax.make_jaxpr`` of ``module.init_with_output`` records the forward pass
+    fed by the variables that become the parameters: the geometry is read off
+    it as in :meth:`GeometryMap.from_linen`, and the variables are computed by
+    one ``jax.jit`` of that same jaxpr, so the model is traced once for both
+    (the geometry costs only the walk; docs/guide.md has the measurement). The
+    variables are those of ``jax.jit(module.init)(rngs, *args, **kwargs)``.
+
+    Args:
+      module: a Linen module.
+      rngs: the PRNG key, or a dict of keys, as for ``module.init``.
+      *args: the example inputs of ``module.init``.
+      overrides: ``{regex: override}``, applied first.
+      strict: raise instead of the element-wise fallback for undecided leaves.
+      **kwargs: keyword inputs of the module call.
+
+    Returns:
+      ``(variables, geometry)``: the variables dict (``{'params': ..., ...}``)
+      and the :class:`GeometryMap` to pass as ``geometry=``.
+    """
+    hints, tr = _linen_init_trace(module, rngs, args, kwargs)
+    traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs)
+    params, rest = tr.values()
+    return {"params": params, **rest}, GeometryMap(overrides, hints=hints, strict=strict, traced=traced)
 
 
 def _looks_like_regex_dict(d: Mapping) -> bool:

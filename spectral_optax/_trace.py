@@ -111,6 +111,7 @@ class _Tracer:
         self.act: set[int] = set()
         self.uses: list[_Use] = []
         self.nodes: list[tuple[list[int], list[int], bool]] = []
+        self.unmapped: set[int] = set()  # parameters made (in an init trace) where the walk cannot seed them
         self._n = 0
 
     def fresh(self) -> int:
@@ -135,12 +136,20 @@ class _Tracer:
         return recs
 
     # ---- the walk --------------------------------------------------------
-    def walk(self, jaxpr, in_vals: Sequence[int | None]) -> list[int | None]:
+    def seed(self, view: _View) -> int:
+        """A fresh value that is the parameter ``view`` (where an init trace makes it)."""
+        val = self.fresh()
+        self.views[val] = view
+        return val
+
+    def walk(self, jaxpr, in_vals: Sequence[int | None], seeds: dict | None = None) -> list[int | None]:
+        """Walk ``jaxpr``; ``seeds`` maps the variables that are parameters (an init trace) to their views."""
         env: dict[Any, int | None] = {}
+        seeds = seeds or {}
         for v, val in zip(jaxpr.invars, in_vals):
-            env[v] = val
+            env[v] = self.seed(seeds[v]) if v in seeds else val
         for v in getattr(jaxpr, "constvars", ()):
-            env[v] = self.fresh()
+            env[v] = self.seed(seeds[v]) if v in seeds else self.fresh()
 
         def read(x):
             if isinstance(x, jex_core.Literal):
@@ -149,16 +158,20 @@ class _Tracer:
 
         for eqn in jaxpr.eqns:
             ins = [read(x) for x in eqn.invars]
-            outs = self.eqn(eqn, ins)
-            for v, val in zip(eqn.outvars, outs):
-                env[v] = val
+            mine = {i: seeds[o] for i, o in enumerate(eqn.outvars) if o in seeds} if seeds else {}
+            outs = self.eqn(eqn, ins, mine)
+            for i, (v, val) in enumerate(zip(eqn.outvars, outs)):
+                env[v] = self.seed(mine[i]) if i in mine else val
         return [read(x) for x in jaxpr.outvars]
 
-    def eqn(self, eqn, ins: list[int | None]) -> list[Any]:
+    def eqn(self, eqn, ins: list[int | None], seeds: dict[int, _View] | None = None) -> list[Any]:
         name = eqn.primitive.name
         p = eqn.params
+        seeds = seeds or {}
         if name == "scan":
-            return self.scan(eqn, ins)
+            return self.scan(eqn, ins, seeds)
+        if name in ("while", "cond") and seeds:
+            self.unmapped.update(v.p for v in seeds.values())  # a parameter made inside a loop / branch
         if name == "while":
             return self.while_loop(eqn, ins)
         if name == "cond":
@@ -166,8 +179,11 @@ class _Tracer:
         sub = _sub_jaxpr(eqn)
         if sub is not None:
             jaxpr, _ = sub
-            sub_outs = self.walk(jaxpr, ins)
+            sub_seeds = self.inner_seeds(jaxpr.outvars, seeds, lambda v: v)
+            sub_outs = self.walk(jaxpr, ins, sub_seeds)
             return [o if o is not None else self.fresh() for o in sub_outs]
+        if seeds and any(_has_jaxpr(v) for v in p.values()):
+            self.unmapped.update(v.p for v in seeds.values())  # made inside a sub-computation not followed
 
         outs = [self.fresh() for _ in eqn.outvars]
         views = [self.views.get(v) if v is not None else None for v in ins]
@@ -308,11 +324,30 @@ class _Tracer:
         elif name in _ELEMENTWISE and len(prods) == 1 and tuple(out_shape) == tuple(in_shapes[i]):
             self.prods[outs[0]] = po
 
+    def inner_seeds(self, outvars, seeds: dict[int, _View], inner: Callable[[_View], _View]) -> dict:
+        """Seeds of a sub-jaxpr: its outvar ``i`` is the parameter the equation's output ``i`` is."""
+        out = {}
+        for i, view in seeds.items():
+            v = outvars[i]
+            if isinstance(v, jex_core.Literal):
+                self.unmapped.add(view.p)
+            else:
+                out[v] = inner(view)
+        return out
+
+    def unstack(self, view: _View) -> _View:
+        """One slice of a parameter stacked on its leading axis (a scan's xs or ys): that axis is batch."""
+        stacked = [("batch", a) if (o == 1 and s == self.shapes[view.p][a]) else ("undecided", a)
+                   for a, o, s in view.dims[0] if a >= 0]  # fmt: skip
+        return _View(view.p, view.dims[1:], view.extra + tuple(stacked))
+
     # ---- control flow ------------------------------------------------------
-    def scan(self, eqn, ins):
+    def scan(self, eqn, ins, seeds: dict[int, _View]):
         p = eqn.params
         closed = p["jaxpr"]
         nc, ncar = p["num_consts"], p["num_carry"]
+        self.unmapped.update(v.p for i, v in seeds.items() if i < ncar)  # a parameter carried: not followed
+        body_seeds = self.inner_seeds(closed.jaxpr.outvars, {i: v for i, v in seeds.items() if i >= ncar}, self.unstack)
         consts, carry, xs = ins[:nc], ins[nc : nc + ncar], ins[nc + ncar :]
         carry_in = [self.fresh() for _ in carry]
         for c, ci in zip(carry, carry_in):
@@ -331,10 +366,8 @@ class _Tracer:
                 self.act.add(xi)
             view = self.views.get(x)
             if view is not None:
-                stacked = [("batch", a) if (o == 1 and s == self.shapes[view.p][a]) else ("undecided", a)
-                           for a, o, s in view.dims[0] if a >= 0]  # fmt: skip
-                self.views[xi] = _View(view.p, view.dims[1:], view.extra + tuple(stacked))
-        outs = self.walk(closed.jaxpr, list(consts) + carry_in + x_in)
+                self.views[xi] = self.unstack(view)
+        outs = self.walk(closed.jaxpr, list(consts) + carry_in + x_in, body_seeds)
         body_carry, body_ys = outs[:ncar], outs[ncar:]
         for bc, ci in zip(body_carry, carry_in):
             if bc is not None:
@@ -411,6 +444,12 @@ def _sub_jaxpr(eqn):
         if len(jaxpr.invars) == len(eqn.invars) and len(jaxpr.outvars) == len(eqn.outvars):
             return jaxpr, getattr(j, "consts", ())
     return None
+
+
+def _has_jaxpr(v) -> bool:
+    if isinstance(v, (tuple, list)):
+        return any(_has_jaxpr(x) for x in v)
+    return hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns")
 
 
 def _pieces(dims: _Dims, group: Sequence[int]) -> list[_Piece]:
@@ -617,6 +656,33 @@ def _abstract(x):
     return None
 
 
+def _static_split(tree):
+    """Flatten ``tree``: (leaves, treedef, abstract values of its array leaves, their positions)."""
+    flat, tdef = jax.tree_util.tree_flatten(tree)
+    abst = [_abstract(x) for x in flat]
+    idx = [i for i, x in enumerate(abst) if x is not None]
+    return flat, tdef, [abst[i] for i in idx], idx
+
+
+def _rebuild(flat, tdef, idx, leaves):
+    out = list(flat)
+    for i, v in zip(idx, leaves):
+        out[i] = v
+    return jax.tree_util.tree_unflatten(tdef, out)
+
+
+def _decisions(tr: _Tracer, outs, paths, shapes) -> dict[str, TraceDecision]:
+    clean = tr.clean(outs)
+    by_param: dict[int, list[_Use]] = {k: [] for k in range(len(paths))}
+    for u in tr.uses:
+        by_param[u.p].append(u)
+    return {path: _decide(shapes[k], by_param[k], clean, tr.uses) for k, path in enumerate(paths)}
+
+
+def _param_view(k: int, shape: tuple[int, ...]) -> _View:
+    return _View(k, tuple(((a, 1, s),) for a, s in enumerate(shape)))
+
+
 def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str, TraceDecision]:
     """Trace ``apply_fn(params, *args, **kwargs)`` on abstract values; decide each parameter.
 
@@ -633,38 +699,123 @@ def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str
       '/'-joined as in :func:`~spectral_optax._geometry.path_str`.
     """
     p_flat, p_def = jax.tree_util.tree_flatten_with_path(params)
-    a_flat, a_def = jax.tree_util.tree_flatten((args, kwargs))
     p_abs = [_abstract(x) for _, x in p_flat]
-    a_abs = [_abstract(x) for x in a_flat]
     p_idx = [i for i, x in enumerate(p_abs) if x is not None]
-    a_idx = [i for i, x in enumerate(a_abs) if x is not None]
+    a_flat, a_def, a_abs, a_idx = _static_split((args, kwargs))
 
     def fn(p_leaves, a_leaves):
         pl = [x for _, x in p_flat]
         for i, v in zip(p_idx, p_leaves):
             pl[i] = v
-        al = list(a_flat)
-        for i, v in zip(a_idx, a_leaves):
-            al[i] = v
-        a, kw = jax.tree_util.tree_unflatten(a_def, al)
+        a, kw = _rebuild(a_flat, a_def, a_idx, a_leaves)
         return apply_fn(jax.tree_util.tree_unflatten(p_def, pl), *a, **kw)
 
-    closed = jax.make_jaxpr(fn)([p_abs[i] for i in p_idx], [a_abs[i] for i in a_idx])
+    closed = jax.make_jaxpr(fn)([p_abs[i] for i in p_idx], a_abs)
     jaxpr = closed.jaxpr
     shapes = [tuple(p_abs[i].shape) for i in p_idx]  # type: ignore[union-attr]
     tr = _Tracer(shapes)
     in_vals = [tr.fresh() for _ in jaxpr.invars]
     n = len(p_idx)
     for k in range(n):
-        tr.views[in_vals[k]] = _View(k, tuple(((a, 1, s),) for a, s in enumerate(shapes[k])))
+        tr.views[in_vals[k]] = _param_view(k, shapes[k])
     tr.act.update(in_vals[n:])
     outs = tr.walk(jaxpr, in_vals)
-    clean = tr.clean(outs)
-    by_param: dict[int, list[_Use]] = {k: [] for k in range(n)}
-    for u in tr.uses:
-        by_param[u.p].append(u)
-    result = {}
-    for k, i in enumerate(p_idx):
-        path = path_str(p_flat[i][0])
-        result[path] = _decide(shapes[k], by_param[k], clean, tr.uses)
-    return result
+    return _decisions(tr, outs, [path_str(p_flat[i][0]) for i in p_idx], shapes)
+
+
+@dataclasses.dataclass
+class InitTrace:
+    """One trace of an ``init`` that also runs the forward pass: the geometry and the values from it.
+
+    Attributes:
+      closed: the ``ClosedJaxpr`` of ``init_fn(rngs, *args, **kwargs)``.
+      paths: the '/'-joined paths of the parameters (the second output's array leaves).
+      shapes: their shapes.
+      unmapped: paths of parameters the walk cannot place (made inside a loop, a branch or a
+        sub-computation it does not follow, or a constant): decide those by another route.
+    """
+
+    closed: Any
+    paths: list[str]
+    shapes: list[tuple[int, ...]]
+    unmapped: list[str]
+    _n_out: int
+    _param_vars: list[Any]
+    _key_leaves: int
+    _inputs: tuple
+    _out_tree: Any
+    _decisions: dict[str, TraceDecision] | None = None
+
+    def decisions(self) -> dict[str, TraceDecision]:
+        """``{path: TraceDecision}``: the forward pass inside the init jaxpr, walked from the
+        variables that become the parameters (the activations are the non-``rngs`` inputs; the
+        read-out reaches the first output)."""
+        if self._decisions is None:
+            jaxpr = self.closed.jaxpr
+            tr = _Tracer(self.shapes)
+            seeds = {v: _param_view(k, self.shapes[k]) for k, v in enumerate(self._param_vars) if v is not None}
+            in_vals = [tr.fresh() for _ in jaxpr.invars]
+            tr.act.update(in_vals[self._key_leaves :])
+            outs = tr.walk(jaxpr, in_vals, seeds)
+            self._decisions = _decisions(tr, outs[: self._n_out], self.paths, self.shapes)
+            self.unmapped = sorted(set(self.unmapped) | {self.paths[k] for k in tr.unmapped})
+        return self._decisions
+
+    def values(self):
+        """The init's second and third outputs (parameters and the rest), computed by one ``jax.jit`` of
+        the traced jaxpr (no second trace of the model); the first output is not computed."""
+        flat, _, _, idx = _static_split(self._inputs)
+        closed, n = self.closed, self._n_out
+
+        def run(*leaves):
+            return jex_core.jaxpr_as_fun(closed)(*leaves)[n:]
+
+        out = jax.jit(run)(*[flat[i] for i in idx])
+        return jax.tree_util.tree_unflatten(self._out_tree, [None] * n + list(out))[1:]
+
+
+def trace_init(init_fn: Callable, rngs: Any, *args, **kwargs) -> InitTrace:
+    """Trace ``init_fn(rngs, *args, **kwargs) -> (outputs, params, rest)`` once (abstract values).
+
+    The jaxpr of an ``init`` that runs the forward pass (Linen's ``init_with_output``)
+    contains that forward pass, fed by the variables that become the parameters:
+    :meth:`InitTrace.decisions` walks it from those variables (as
+    :func:`trace_geometry` walks an ``apply`` from its inputs) and
+    :meth:`InitTrace.values` evaluates the same jaxpr for the parameters, so that
+    init and geometry cost one trace of the model.
+
+    Args:
+      init_fn: ``(rngs, *args, **kwargs) -> (outputs, params, rest)``: the model's
+        outputs (for the read-out rule), the parameter tree, any other variables.
+      rngs: the PRNG key(s) (not activations).
+      *args: example inputs (arrays or ``jax.ShapeDtypeStruct``; other leaves are static).
+      **kwargs: keyword inputs, as ``args``.
+
+    Returns:
+      An :class:`InitTrace`.
+    """
+    inputs = (rngs, args, kwargs)
+    flat, tdef, abst, idx = _static_split(inputs)
+    n_keys = len([i for i in idx if i < len(jax.tree_util.tree_leaves(rngs))])
+
+    def fn(leaves):
+        r, a, kw = _rebuild(flat, tdef, idx, leaves)
+        return init_fn(r, *a, **kw)
+
+    closed, shapes_out = jax.make_jaxpr(fn, return_shape=True)(abst)
+    out_tree = jax.tree_util.tree_structure(shapes_out)
+    n_out = len(jax.tree_util.tree_leaves(shapes_out[0]))
+    p_flat = jax.tree_util.tree_flatten_with_path(shapes_out[1])[0]
+    paths = [path_str(p) for p, _ in p_flat]
+    shapes = [tuple(x.shape) for _, x in p_flat]
+    outvars = closed.jaxpr.outvars[n_out : n_out + len(paths)]
+    param_vars: list[Any] = []
+    unmapped, seen = [], set()
+    for path, v in zip(paths, outvars):
+        if isinstance(v, jex_core.Literal) or v in seen:  # a literal, or one value made two parameters
+            unmapped.append(path)
+            param_vars.append(None)
+        else:
+            seen.add(v)
+            param_vars.append(v)
+    return InitTrace(closed, paths, shapes, unmapped, n_out, param_vars, n_keys, inputs, out_tree)
