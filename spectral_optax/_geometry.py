@@ -75,6 +75,8 @@ _DENSE_NAME = re.compile(r"^(dense|linear)(_\d+)?$", re.IGNORECASE)
 _CONV_NAME = re.compile(r"conv", re.IGNORECASE)
 # nn.ConvLocal: a separate filter per output position, kernel (*out_positions, window x in, out).
 _CONV_LOCAL_NAME = re.compile(r"^conv_?local(_\d+)?$", re.IGNORECASE)
+# Llama-style fused projections, often grouped-query (q, k, v blocks of different widths).
+_GQA_FUSED_NAME = re.compile(r"^wqkv$", re.IGNORECASE)
 # Flax's default name of a Dense layer (the read-out of a classifier that does not name its head).
 _DEFAULT_DENSE_NAME = re.compile(r"^Dense_(\d+)$")
 _QKV_NAME = re.compile(r"^(query|key|value)$", re.IGNORECASE)
@@ -409,16 +411,6 @@ def _linen_hint_recorder():
         return next_fun(*call_args, **call_kwargs)
 
     return hints, interceptor
-
-
-def _hints_from_linen(module, args, kwargs) -> tuple[dict[tuple[str, ...], dict[str, _Layout]], dict]:
-    """The module hints and the variables' shapes, from ``jax.eval_shape`` of ``module.init``."""
-    import flax.linen as nn
-
-    hints, interceptor = _linen_hint_recorder()
-    with nn.intercept_methods(interceptor):
-        variables = jax.eval_shape(lambda: module.init(jax.random.key(0), *args, **kwargs))
-    return hints, dict(variables)
 
 
 def _linen_init_trace(module, rngs, args, kwargs):
@@ -823,6 +815,8 @@ class GeometryMap:
                 how += f"; {src} said role {other.role!r}"
             return t.geometry, how
         head = _default_head(path, shape_of)
+        if t is None and path.endswith("/kernel") and _GQA_FUSED_NAME.match(path.split("/")[-2]):
+            _gqa_fused_warning(path, shape)
         if hint is not None:
             lay = self._hint_for(path)
             if t is None and lay is not None and lay.doubt is not None:
@@ -1049,6 +1043,19 @@ def _default_head_warning(path: str, shape: tuple[int, ...], module: str) -> Non
         "(spectral_optax.GeometryMap.from_linen(model, x) / from_apply(apply_fn, params, x)), name the layer "
         f"(nn.Dense(..., name='head')), or fix it with an override, e.g. "
         f"geometry={{r'{module}/{path.split('/')[-1]}$': dict(kind='{kind}', role='hidden')}}.",
+        GeometryWarning,
+        stacklevel=4,
+    )
+
+
+def _gqa_fused_warning(path: str, shape: tuple[int, ...]) -> None:
+    warnings.warn(
+        f"parameter '{path}' with shape {shape}: a fused '{path.split('/')[-2]}' kernel may hold query, key and "
+        "value blocks of different widths (grouped-query attention), which only the forward pass shows; "
+        "without it, its fan-out is taken as 3 equal blocks when it divides by 3, else as one matrix. Pass the "
+        "model (spectral_optax.GeometryMap.from_linen(model, x) / from_nnx(model, x) / from_apply(apply_fn, "
+        "params, x)), or fix it with an override, e.g. "
+        f"geometry={{r'{path.split('/')[-2]}/kernel$': dict(kind='matrix', fan_out_splits=1)}} (one matrix).",
         GeometryWarning,
         stacklevel=4,
     )

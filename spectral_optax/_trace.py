@@ -315,7 +315,12 @@ class _Tracer:
             res = _cut(name, p, po.dims, in_shapes[i], [tuple(o.aval.shape) for o in eqn.outvars])
             if res is None:
                 self.uses[po.use].records.append(("undecided", -1))
-                self.uses[po.use].note = f"its product is {name}-ed in unequal or strided pieces"
+                sizes = f" of sizes {tuple(p['sizes'])}" if name == "split" else ""
+                self.uses[po.use].note = (
+                    f"its product is cut ({name}) into unequal or strided blocks{sizes} (a fused projection of "
+                    "different widths, e.g. grouped-query q / k / v): a Geometry splits a fan-out only into "
+                    "equal blocks. Override it as one matrix, or keep the blocks as separate parameters"
+                )
                 return
             recs, dims_list = res
             self.uses[po.use].records.extend(recs)
@@ -589,7 +594,8 @@ def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> T
     role = "output" if readout else "hidden"
 
     def classes_of(us):
-        return _axis_classes(shape, [r for u in us for r in u.records])
+        cut = next((u.note for u in us if u.note and ("undecided", -1) in u.records), None)
+        return cut or _axis_classes(shape, [r for u in us for r in u.records])
 
     if gathers:
         res = classes_of(gathers)
@@ -761,17 +767,26 @@ class InitTrace:
             self.unmapped = sorted(set(self.unmapped) | {self.paths[k] for k in tr.unmapped})
         return self._decisions
 
-    def values(self):
-        """The init's second and third outputs (parameters and the rest), computed by one ``jax.jit`` of
-        the traced jaxpr (no second trace of the model); the first output is not computed."""
+    def _jitted(self):
         flat, _, _, idx = _static_split(self._inputs)
         closed, n = self.closed, self._n_out
 
         def run(*leaves):
             return jex_core.jaxpr_as_fun(closed)(*leaves)[n:]
 
-        out = jax.jit(run)(*[flat[i] for i in idx])
-        return jax.tree_util.tree_unflatten(self._out_tree, [None] * n + list(out))[1:]
+        return jax.jit(run), [flat[i] for i in idx]
+
+    def values(self):
+        """The init's second and third outputs (parameters and the rest), computed by one ``jax.jit`` of
+        the traced jaxpr (no second trace of the model); the first output is not computed."""
+        run, leaves = self._jitted()
+        out = run(*leaves)
+        return jax.tree_util.tree_unflatten(self._out_tree, [None] * self._n_out + list(out))[1:]
+
+    def lowered(self):
+        """``jax.jit(...).lower`` of what :meth:`values` runs (for timing: no compile, no run)."""
+        run, leaves = self._jitted()
+        return run.lower(*leaves)
 
 
 def trace_init(init_fn: Callable, rngs: Any, *args, **kwargs) -> InitTrace:
