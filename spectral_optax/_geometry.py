@@ -663,6 +663,20 @@ class GeometryMap:
         """
         hints = _hints_from_nnx(module)
         traced = None
+        if not (example_args or example_kwargs):
+            from flax import nnx
+
+            paths = [p for p, _ in _leaves_with_paths(nnx.state(module, nnx.Param))]
+            if paths and not any(_is_output_path(p) for p in paths):
+                warnings.warn(
+                    f"GeometryMap.from_nnx({type(module).__name__}) without example inputs: no module is named as "
+                    "a read-out (head, lm_head, logits, readout, classifier, ...), so every matrix gets role "
+                    "'hidden'; a head under another name is seen only by the trace. Pass example inputs "
+                    "(GeometryMap.from_nnx(model, x)) or an override, e.g. "
+                    "geometry={r'<head>/kernel$': dict(kind='matrix', role='output')}.",
+                    GeometryWarning,
+                    stacklevel=2,
+                )
         if example_args or example_kwargs:
             from flax import nnx
 

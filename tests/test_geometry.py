@@ -198,7 +198,10 @@ class NNXNet(nnx.Module):
 def test_nnx_state_and_module():
     model = NNXNet(nnx.Rngs(0))
     state = nnx.state(model, nnx.Param)
-    g = geoms(state, model)  # a live module is accepted as geometry
+    # A live module is accepted as geometry. Without example inputs no read-out is seen ('lin' is one
+    # by position only): warned, not silently 'hidden'.
+    with pytest.warns(so.GeometryWarning, match="without example inputs: no module is named as a read-out"):
+        g = geoms(state, model)
     assert axes(g["conv/kernel"]) == ("matrix", (0, 1), (2,), ())
     assert g["conv/kernel"].d_in == 48
     assert axes(g["attn/query/kernel"]) == ("matrix", (0,), (1, 2), ())
