@@ -451,7 +451,7 @@ def _linen_decisions(module, tr, args, kwargs):
     """The init trace's decisions; the parameters it cannot place come from a trace of ``apply``."""
     traced = dict(tr.decisions())
     if tr.unmapped:
-        params, rest = jax.eval_shape(tr.values)
+        params, rest = tr.traced.out_info  # shapes only
         applied = _linen_apply_trace(module, {"params": params, **rest}, args, kwargs)
         traced.update({p: applied[p] for p in tr.unmapped if p in applied})
     return traced

@@ -148,9 +148,10 @@ class _Tracer:
         self.views[val] = view
         return val
 
-    def walk(self, jaxpr, in_vals: Sequence[int | None], seeds: dict | None = None) -> list[int | None]:
-        """Walk ``jaxpr``; ``seeds`` maps the variables that are parameters (an init trace) to their views."""
-        env: dict[Any, int | None] = {}
+    def walk(self, jaxpr, in_vals: Sequence[int | None], seeds: dict | None = None, env_out: dict | None = None):
+        """Walk ``jaxpr``; ``seeds`` maps the variables that are parameters (an init trace) to their views;
+        ``env_out`` (if given) receives every variable's value."""
+        env: dict[Any, int | None] = {} if env_out is None else env_out
         seeds = seeds or {}
         for v, val in zip(jaxpr.invars, in_vals):
             env[v] = self.seed(seeds[v]) if v in seeds else val
@@ -171,6 +172,8 @@ class _Tracer:
         return [read(x) for x in jaxpr.outvars]
 
     def eqn(self, eqn, ins: list[int | None], seeds: dict[int, _View] | None = None) -> list[Any]:
+        if not seeds and not any(v is not None and (v in self.act or v in self.views) for v in ins):
+            return [self.fresh() for _ in eqn.outvars]  # no parameter, no activation (an init's random draws)
         name = eqn.primitive.name
         p = eqn.params
         seeds = seeds or {}
@@ -197,13 +200,14 @@ class _Tracer:
         if is_act:
             self.act.update(outs)
         blocking = False
-        in_shapes = [tuple(getattr(x.aval, "shape", ())) for x in eqn.invars]
-        out_shape = tuple(getattr(eqn.outvars[0].aval, "shape", ())) if eqn.outvars else ()
-
-        if any(views):
-            blocking = self.consume(eqn, name, p, ins, views, outs, in_shapes, out_shape)
-        if not any(views) or name in _ELEMENTWISE:
-            self.follow_product(eqn, name, p, ins, outs, in_shapes, out_shape)
+        has_view = any(views)
+        if has_view or any(v in self.prods for v in ins if v is not None):
+            in_shapes = [tuple(getattr(x.aval, "shape", ())) for x in eqn.invars]
+            out_shape = tuple(getattr(eqn.outvars[0].aval, "shape", ())) if eqn.outvars else ()
+            if has_view:
+                blocking = self.consume(eqn, name, p, ins, views, outs, in_shapes, out_shape)
+            if not has_view or name in _ELEMENTWISE:
+                self.follow_product(eqn, name, p, ins, outs, in_shapes, out_shape)
         self.nodes.append(([v for v in ins if v is not None], outs, blocking))
         return list(outs)
 
@@ -735,79 +739,101 @@ def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str
     return _decisions(tr, outs, [path_str(p_flat[i][0]) for i in p_idx], shapes)
 
 
+def _dead_ends(jaxpr) -> list:
+    """The variables an equation makes and nothing uses (nor the jaxpr returns): where a value the
+    traced function computes and drops ends (``init``'s forward-pass output)."""
+    used = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, jex_core.Literal)}
+    used |= {v for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)}
+    return [v for e in jaxpr.eqns for v in e.outvars if v not in used and type(v).__name__ != "DropVar"]
+
+
+def _param_vars(outvars, paths: list[str]) -> tuple[list[Any], list[str]]:
+    """The jaxpr variable of each parameter output, and the paths that have none of their own
+    (a literal, or one value returned as two parameters)."""
+    out: list[Any] = []
+    unmapped, seen = [], set()
+    for path, v in zip(paths, outvars):
+        if isinstance(v, jex_core.Literal) or v in seen:
+            unmapped.append(path)
+            out.append(None)
+        else:
+            seen.add(v)
+            out.append(v)
+    return out, unmapped
+
+
 @dataclasses.dataclass
 class InitTrace:
-    """One trace of an ``init`` that also runs the forward pass: the geometry and the values from it.
+    """One trace of an ``init`` that runs the forward pass: the geometry and the values from it.
 
     Attributes:
-      closed: the ``ClosedJaxpr`` of ``init_fn(rngs, *args, **kwargs)``.
-      paths: the '/'-joined paths of the parameters (the second output's array leaves).
+      traced: ``jax.jit(init).trace(...)`` (a ``jax.stages.Traced``): its jaxpr is walked for the
+        geometry, and lowered and compiled for the values.
+      paths: the '/'-joined paths of the parameters.
       shapes: their shapes.
       unmapped: paths of parameters the walk cannot place (made inside a loop, a branch or a
         sub-computation it does not follow, or a constant): decide those by another route.
     """
 
-    closed: Any
+    traced: Any
     paths: list[str]
     shapes: list[tuple[int, ...]]
     unmapped: list[str]
-    _n_out: int
-    _param_vars: list[Any]
     _key_leaves: int
-    _inputs: tuple
-    _out_tree: Any
+    _leaves: list
+    _with_output: Callable
     _decisions: dict[str, TraceDecision] | None = None
+
+    def _walk(self, jaxpr, param_vars, outputs: Callable) -> tuple[_Tracer, list]:
+        tr = _Tracer(self.shapes)
+        seeds = {v: _param_view(k, self.shapes[k]) for k, v in enumerate(param_vars) if v is not None}
+        in_vals = [tr.fresh() for _ in jaxpr.invars]
+        tr.act.update(in_vals[self._key_leaves :])
+        env: dict = {}
+        outs = tr.walk(jaxpr, in_vals, seeds, env_out=env)
+        return tr, outputs(tr, env, outs)
 
     def decisions(self) -> dict[str, TraceDecision]:
         """``{path: TraceDecision}``: the forward pass inside the init jaxpr, walked from the
-        variables that become the parameters (the activations are the non-``rngs`` inputs; the
-        read-out reaches the first output)."""
+        variables that become the parameters (the activations are the non-``rngs`` inputs). The
+        model's output is what ``init`` computes and drops: the dead ends of the jaxpr that carry
+        activations (if there is none, the init is traced once more with its output returned)."""
         if self._decisions is None:
-            jaxpr = self.closed.jaxpr
-            tr = _Tracer(self.shapes)
-            seeds = {v: _param_view(k, self.shapes[k]) for k, v in enumerate(self._param_vars) if v is not None}
-            in_vals = [tr.fresh() for _ in jaxpr.invars]
-            tr.act.update(in_vals[self._key_leaves :])
-            outs = tr.walk(jaxpr, in_vals, seeds)
-            self._decisions = _decisions(tr, outs[: self._n_out], self.paths, self.shapes)
+            closed = self.traced.jaxpr
+            pv, _ = _param_vars(closed.jaxpr.outvars, self.paths)
+            dead = _dead_ends(closed.jaxpr)
+            tr, outs = self._walk(closed.jaxpr, pv, lambda t, env, _: [env[v] for v in dead if env.get(v) in t.act])
+            if not outs:
+                closed, n_y = self._with_output()
+                pv, _ = _param_vars(closed.jaxpr.outvars[n_y:], self.paths)
+                tr, outs = self._walk(closed.jaxpr, pv, lambda t, env, o: o[:n_y])
+            self._decisions = _decisions(tr, outs, self.paths, self.shapes)
             self.unmapped = sorted(set(self.unmapped) | {self.paths[k] for k in tr.unmapped})
         return self._decisions
 
-    def _jitted(self):
-        flat, _, _, idx = _static_split(self._inputs)
-        closed, n = self.closed, self._n_out
-
-        def run(*leaves):
-            return jex_core.jaxpr_as_fun(closed)(*leaves)[n:]
-
-        return jax.jit(run), [flat[i] for i in idx]
-
     def values(self):
-        """The init's second and third outputs (parameters and the rest), computed by one ``jax.jit`` of
-        the traced jaxpr (no second trace of the model); the first output is not computed."""
-        run, leaves = self._jitted()
-        out = run(*leaves)
-        return jax.tree_util.tree_unflatten(self._out_tree, [None] * self._n_out + list(out))[1:]
+        """``(params, rest)``: the traced init lowered, compiled and run (no second trace)."""
+        return self.traced.lower().compile()(self._leaves)
 
     def lowered(self):
-        """``jax.jit(...).lower`` of what :meth:`values` runs (for timing: no compile, no run)."""
-        run, leaves = self._jitted()
-        return run.lower(*leaves)
+        """The traced init lowered (for timing: no compile, no run)."""
+        return self.traced.lower()
 
 
 def trace_init(init_fn: Callable, rngs: Any, *args, **kwargs) -> InitTrace:
-    """Trace ``init_fn(rngs, *args, **kwargs) -> (outputs, params, rest)`` once (abstract values).
+    """Trace ``init_fn(rngs, *args, **kwargs) -> (outputs, params, rest)`` once, as ``jax.jit`` does.
 
-    The jaxpr of an ``init`` that runs the forward pass (Linen's ``init_with_output``)
+    The jaxpr of an ``init`` that runs the forward pass (Linen's ``init``)
     contains that forward pass, fed by the variables that become the parameters:
     :meth:`InitTrace.decisions` walks it from those variables (as
     :func:`trace_geometry` walks an ``apply`` from its inputs) and
-    :meth:`InitTrace.values` evaluates the same jaxpr for the parameters, so that
+    :meth:`InitTrace.values` compiles the same trace for the parameters, so that
     init and geometry cost one trace of the model.
 
     Args:
       init_fn: ``(rngs, *args, **kwargs) -> (outputs, params, rest)``: the model's
-        outputs (for the read-out rule), the parameter tree, any other variables.
+        outputs (dropped from the traced function; returned only if a second trace is
+        needed for the read-out), the parameter tree, any other variables.
       rngs: the PRNG key(s) (not activations).
       *args: example inputs (arrays or ``jax.ShapeDtypeStruct``; other leaves are static).
       **kwargs: keyword inputs, as ``args``.
@@ -815,28 +841,22 @@ def trace_init(init_fn: Callable, rngs: Any, *args, **kwargs) -> InitTrace:
     Returns:
       An :class:`InitTrace`.
     """
-    inputs = (rngs, args, kwargs)
-    flat, tdef, abst, idx = _static_split(inputs)
+    flat, tdef, abst, idx = _static_split((rngs, args, kwargs))
     n_keys = len([i for i in idx if i < len(jax.tree_util.tree_leaves(rngs))])
 
-    def fn(leaves):
+    def full(leaves):
         r, a, kw = _rebuild(flat, tdef, idx, leaves)
         return init_fn(r, *a, **kw)
 
-    closed, shapes_out = jax.make_jaxpr(fn, return_shape=True)(abst)
-    out_tree = jax.tree_util.tree_structure(shapes_out)
-    n_out = len(jax.tree_util.tree_leaves(shapes_out[0]))
-    p_flat = jax.tree_util.tree_flatten_with_path(shapes_out[1])[0]
+    traced = jax.jit(lambda leaves: full(leaves)[1:]).trace(abst)
+    p_flat = jax.tree_util.tree_flatten_with_path(traced.out_info[0])[0]
     paths = [path_str(p) for p, _ in p_flat]
     shapes = [tuple(x.shape) for _, x in p_flat]
-    outvars = closed.jaxpr.outvars[n_out : n_out + len(paths)]
-    param_vars: list[Any] = []
-    unmapped, seen = [], set()
-    for path, v in zip(paths, outvars):
-        if isinstance(v, jex_core.Literal) or v in seen:  # a literal, or one value made two parameters
-            unmapped.append(path)
-            param_vars.append(None)
-        else:
-            seen.add(v)
-            param_vars.append(v)
-    return InitTrace(closed, paths, shapes, unmapped, n_out, param_vars, n_keys, inputs, out_tree)
+    _, unmapped = _param_vars(traced.jaxpr.jaxpr.outvars, paths)
+
+    def with_output():
+        closed, out_shape = jax.make_jaxpr(full, return_shape=True)(abst)
+        return closed, len(jax.tree_util.tree_leaves(out_shape[0]))
+
+    leaves = [flat[i] for i in idx]
+    return InitTrace(traced, paths, shapes, unmapped, n_keys, leaves, with_output)
