@@ -5,11 +5,11 @@ For ``so.nn.linen.Transformer`` at a given depth, in one process, medians of
 
 * ``init``: ``jax.jit(model.init)(key, tokens)``: trace, compile, run;
 * ``init_with_geometry``: ``so.init_with_geometry(model, key, tokens)``: one
-  trace of ``init_with_output`` (the module hints recorded in it), the geometry
-  walk of that jaxpr, one ``jax.jit`` of the same jaxpr for the variables;
+  ``jax.jit(init).trace`` (the module hints recorded in it), the geometry walk
+  of its jaxpr, and that same trace lowered, compiled and run for the variables;
 * the same two up to the lowered computation only (no compile, no run), where
   the difference is the geometry's cost without the compile-time noise;
-* its parts: the model trace (``jax.make_jaxpr``), the walk, and
+* its parts: the model trace, the walk, and
   ``GeometryMap.from_linen`` (shapes only, no values).
 
     python -m benchmarks.trace_geometry_time --blocks 48 [--no-scan] [--repeats 3] [--compile-repeats N]
@@ -75,7 +75,7 @@ def main(argv=None) -> None:
     l_both = _median_time(lambda: lowered_one_trace() and 0, args.repeats)
     rows += [("init, to lowered (trace + lower)", l_init), ("init_with_geometry, to lowered", l_both)]
     rows.append(("  added by the geometry", l_both - l_init))
-    rows.append(("model trace: make_jaxpr(init_with_output)", _median_time(
+    rows.append(("model trace: jit(init).trace, hints recorded", _median_time(
         lambda: _linen_init_trace(model, key, (tokens,), {}) and 0, args.repeats)))  # fmt: skip
     rows.append(("geometry walk of that jaxpr", statistics.median(walk() for _ in range(args.repeats))))
     rows.append(("GeometryMap.from_linen (no values)", _median_time(

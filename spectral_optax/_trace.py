@@ -325,7 +325,7 @@ class _Tracer:
             res = _cut(name, p, po.dims, in_shapes[i], [tuple(o.aval.shape) for o in eqn.outvars])
             if res is None:
                 self.uses[po.use].records.append(("undecided", -1))
-                sizes = f" of sizes {tuple(p['sizes'])}" if name == "split" else ""
+                sizes = f" of sizes {tuple(int(n) for n in p['sizes'])}" if name == "split" else ""
                 self.uses[po.use].note = (
                     f"its product is cut ({name}) into unequal or strided blocks{sizes} (a fused projection of "
                     "different widths, e.g. grouped-query q / k / v): a Geometry splits a fan-out only into "
