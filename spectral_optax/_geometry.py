@@ -414,7 +414,7 @@ def _linen_hint_recorder():
 
 
 def _linen_init_trace(module, rngs, args, kwargs):
-    """One trace of ``module.init_with_output(rngs, *args, **kwargs)``: ``(hints, InitTrace)``."""
+    """One ``jax.jit`` trace of ``module.init(rngs, *args, **kwargs)``, hints recorded: ``(hints, InitTrace)``."""
     import flax.linen as nn
 
     from spectral_optax._trace import trace_init
@@ -695,9 +695,9 @@ class GeometryMap:
     def from_linen(cls, module, *args, overrides=None, strict: bool = False, **kwargs) -> GeometryMap:
         """Layouts from a Linen module, traced (shapes only) on ``args``.
 
-        One trace of ``module.init_with_output(key, *args, **kwargs)`` (abstract
-        values: no FLOPs): the forward pass inside it decides each parameter as in
-        :meth:`from_apply`, walked from the variables that become the parameters;
+        One trace of ``module.init(key, *args, **kwargs)`` as ``jax.jit`` makes it
+        (abstract values: no FLOPs): the forward pass inside it decides each parameter
+        as in :meth:`from_apply`, walked from the variables that become the parameters;
         the module hints (Dense, DenseGeneral, Conv, Embed, Einsum, norms) recorded
         in the same trace are the cross-check and the fallback. To get the
         variables too, from the same trace, use :func:`init_with_geometry`.
@@ -1116,12 +1116,12 @@ def as_geometry_map(geometry: GeometryLike = None) -> GeometryMap:
 def init_with_geometry(module, rngs, *args, overrides=None, strict: bool = False, **kwargs):
     """``module.init(rngs, *args, **kwargs)`` and its :class:`GeometryMap`, from one trace.
 
-    ``jax.make_jaxpr`` of ``module.init_with_output`` records the forward pass
-    fed by the variables that become the parameters: the geometry is read off
-    it as in :meth:`GeometryMap.from_linen`, and the variables are computed by
-    one ``jax.jit`` of that same jaxpr, so the model is traced once for both
-    (the geometry costs only the walk; docs/guide.md has the measurement). The
-    variables are those of ``jax.jit(module.init)(rngs, *args, **kwargs)``.
+    ``jax.jit(module.init).trace(...)`` records the forward pass fed by the
+    variables that become the parameters: the geometry is read off that jaxpr as
+    in :meth:`GeometryMap.from_linen`, and the same trace is lowered, compiled
+    and run for the variables, so the model is traced once for both (the
+    geometry costs the walk and the recorded module hints; docs/guide.md has the
+    measurement). The variables are those of ``jax.jit(module.init)(rngs, *args, **kwargs)``.
 
     Args:
       module: a Linen module.

@@ -29,10 +29,12 @@ cut in blocks that a :class:`Geometry` cannot express) leaves the parameter
 undecided with the reason, and :class:`~spectral_optax.GeometryMap` handles it
 (module hint, else the element-wise fallback with a ``GeometryWarning``).
 ``trace_init(init_fn, rngs, *args)`` does the same from one trace of an
-``init`` that runs the forward pass (Linen's ``init_with_output``): the walk
-starts from the variables that become the parameters (seeded where they are
-made, inside ``scan`` / ``jit`` bodies too), and the same jaxpr is evaluated
-for their values, so that init and geometry cost one trace of the model.
+``init`` that runs the forward pass (Linen's ``init``, as ``jax.jit`` traces
+it): the walk starts from the variables that become the parameters (seeded
+where they are made, inside ``scan`` / ``jit`` bodies too), the read-out is
+judged at the values the init computes and drops (the model's output), and
+the same trace is compiled for the values, so that init and geometry cost one
+trace of the model.
 
 A parameter used only element-wise over two or more axes (a learned position
 table added to the activations, a 2-D bias) is deferred to the hints and name
