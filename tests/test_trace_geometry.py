@@ -220,6 +220,21 @@ def test_init_with_geometry_one_trace_gives_init_values_and_the_traced_geometry(
     assert strip(lowered) == strip(jax.jit(model.init).lower(key, TOKENS).as_text())
 
 
+def test_init_trace_falls_back_to_apply_for_a_parameter_it_cannot_place():
+    table = np.ones((4, 3), np.float32)  # both parameters are this one constant in the init jaxpr
+
+    class Shared(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            a = self.param("a", lambda k, s: table, (4, 3))
+            b = self.param("b", lambda k, s: table, (4, 3))
+            return x @ a + x @ b
+
+    x = jnp.ones((2, 4))
+    _, gmap = so.init_with_geometry(Shared(), jax.random.key(0), x)
+    check_truth({"a": table, "b": table}, gmap, {n: t(M, (0,), (1,), role="output") for n in "ab"})
+
+
 def test_gpt2_muon_step_equals_plain_dense_model():
     model = GPT2()
     params = model.init(jax.random.key(0), TOKENS)["params"]
