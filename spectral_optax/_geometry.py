@@ -73,6 +73,12 @@ _GEMMA_EINSUM = {
 _GEMMA_MIN_NDIM = {"q_einsum": 3, "kv_einsum": 4, "qkv_einsum": 4, "attn_vec_einsum": 3}
 _DENSE_NAME = re.compile(r"^(dense|linear)(_\d+)?$", re.IGNORECASE)
 _CONV_NAME = re.compile(r"conv", re.IGNORECASE)
+# nn.ConvLocal: a separate filter per output position, kernel (*out_positions, window x in, out).
+_CONV_LOCAL_NAME = re.compile(r"^conv_?local(_\d+)?$", re.IGNORECASE)
+# Llama-style fused projections, often grouped-query (q, k, v blocks of different widths).
+_GQA_FUSED_NAME = re.compile(r"^wqkv$", re.IGNORECASE)
+# Flax's default name of a Dense layer (the read-out of a classifier that does not name its head).
+_DEFAULT_DENSE_NAME = re.compile(r"^Dense_(\d+)$")
 _QKV_NAME = re.compile(r"^(query|key|value)$", re.IGNORECASE)
 # A fused query/key/value projection: its fan-out is three independent blocks.
 _FUSED_QKV_NAME = re.compile(r"^(qkv|qkv_proj|c_attn|wqkv)$", re.IGNORECASE)
@@ -298,6 +304,8 @@ class _Layout:
     role: str = "hidden"
     #: Explicit (fan_in, fan_out) axes (an einsum's kernel), instead of the trailing layout.
     axes: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    #: Why the hint may be wrong where no trace checks it (warned when it decides alone).
+    doubt: str | None = None
 
 
 def _einsum_layout(eq: str) -> _Layout | None:
@@ -316,7 +324,15 @@ def _einsum_layout(eq: str) -> _Layout | None:
     fan_out = tuple(i for i, c in enumerate(w) if c in out and c not in x)
     if not fan_in or not fan_out or any(c not in x and c not in out for c in w):
         return None
-    return _Layout("matrix", len(fan_in), len(w) - len(fan_in), axes=(fan_in, fan_out))
+    doubt = None
+    if len(fan_out) > 1:
+        letters = ", ".join(w[i] for i in fan_out)
+        doubt = (
+            f"the einsum {eq!r} gives the weight {len(fan_out)} output axes ({letters}), and whether one of them "
+            "is a stack whose blocks are used separately after the product (key / value, gate / up: a batch "
+            "axis) or part of the fan-out (heads) only the forward pass shows"
+        )
+    return _Layout("matrix", len(fan_in), len(w) - len(fan_in), axes=(fan_in, fan_out), doubt=doubt)
 
 
 def _module_layouts(type_name: str, attrs: Mapping[str, Any]) -> dict[str, _Layout]:
@@ -380,9 +396,9 @@ def _hints_from_nnx(module) -> dict[tuple[str, ...], dict[str, _Layout]]:
     return hints
 
 
-def _hints_from_linen(module, args, kwargs) -> tuple[dict[tuple[str, ...], dict[str, _Layout]], dict]:
-    import flax.linen as nn
-
+def _linen_hint_recorder():
+    """``(hints, interceptor)``: run a Linen module under ``nn.intercept_methods(interceptor)`` to
+    record the layout hints of every module it calls."""
     hints: dict[tuple[str, ...], dict[str, _Layout]] = {}
 
     def interceptor(next_fun, call_args, call_kwargs, context):
@@ -394,15 +410,57 @@ def _hints_from_linen(module, args, kwargs) -> tuple[dict[tuple[str, ...], dict[
                 hints[path] = lay
         return next_fun(*call_args, **call_kwargs)
 
+    return hints, interceptor
+
+
+def _linen_init_trace(module, rngs, args, kwargs):
+    """One ``jax.jit`` trace of ``module.init(rngs, *args, **kwargs)``, hints recorded: ``(hints, InitTrace)``."""
+    import flax.linen as nn
+
+    from spectral_optax._trace import trace_init
+
+    def init(r, *a, **kw):
+        y, variables = module.init_with_output(r, *a, **kw)
+        variables = dict(variables)
+        params = variables.pop("params", {})
+        return y, params, variables
+
+    hints, interceptor = _linen_hint_recorder()
     with nn.intercept_methods(interceptor):
-        variables = jax.eval_shape(lambda: module.init(jax.random.key(0), *args, **kwargs))
-    return hints, dict(variables)
+        tr = trace_init(init, rngs, *args, **kwargs)
+    return hints, tr
 
 
-def _trace_or_warn(trace_fn, apply, params, args, kwargs):
+def _linen_apply_trace(module, variables, args, kwargs):
+    """The decisions of a trace of ``module.apply`` on ``variables`` (arrays or shapes)."""
+    from spectral_optax._trace import trace_geometry
+
+    others = [c for c in variables if c != "params"]
+
+    def apply(p, collections, *a, **kw):
+        out = module.apply(
+            {**collections, "params": p}, *a, rngs={"dropout": jax.random.key(0)}, mutable=others or False, **kw
+        )
+        return out[0] if others else out  # the model's output, not the updated batch statistics
+
+    rest = {c: variables[c] for c in others}
+    return trace_geometry(apply, variables.get("params", {}), rest, *args, **kwargs)
+
+
+def _linen_decisions(module, tr, args, kwargs):
+    """The init trace's decisions; the parameters it cannot place come from a trace of ``apply``."""
+    traced = dict(tr.decisions())
+    if tr.unmapped:
+        params, rest = tr.traced.out_info  # shapes only
+        applied = _linen_apply_trace(module, {"params": params, **rest}, args, kwargs)
+        traced.update({p: applied[p] for p in tr.unmapped if p in applied})
+    return traced
+
+
+def _trace_or_warn(trace_fn, *args, **kwargs):
     """The trace's decisions, or ``None`` with a :class:`GeometryWarning` if the model does not trace."""
     try:
-        return trace_fn(apply, params, *args, **kwargs)
+        return trace_fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the module hints still decide
         warnings.warn(
             f"could not trace the model's forward pass ({type(e).__name__}: {e}); geometry from module "
@@ -605,6 +663,20 @@ class GeometryMap:
         """
         hints = _hints_from_nnx(module)
         traced = None
+        if not (example_args or example_kwargs):
+            from flax import nnx
+
+            paths = [p for p, _ in _leaves_with_paths(nnx.state(module, nnx.Param))]
+            if paths and not any(_is_output_path(p) for p in paths):
+                warnings.warn(
+                    f"GeometryMap.from_nnx({type(module).__name__}) without example inputs: no module is named as "
+                    "a read-out (head, lm_head, logits, readout, classifier, ...), so every matrix gets role "
+                    "'hidden'; a head under another name is seen only by the trace. Pass example inputs "
+                    "(GeometryMap.from_nnx(model, x)) or an override, e.g. "
+                    "geometry={r'<head>/kernel$': dict(kind='matrix', role='output')}.",
+                    GeometryWarning,
+                    stacklevel=2,
+                )
         if example_args or example_kwargs:
             from flax import nnx
 
@@ -616,16 +688,19 @@ class GeometryMap:
             def apply(p, *a, **kw):
                 return nnx.merge(graphdef, p, rest)(*a, **kw)
 
-            traced = _trace_or_warn(trace_geometry, apply, state, example_args, example_kwargs)
+            traced = _trace_or_warn(trace_geometry, apply, state, *example_args, **example_kwargs)
         return cls(overrides, hints=hints, strict=strict, traced=traced)
 
     @classmethod
     def from_linen(cls, module, *args, overrides=None, strict: bool = False, **kwargs) -> GeometryMap:
         """Layouts from a Linen module, traced (shapes only) on ``args``.
 
-        The forward pass ``module.apply(variables, *args, **kwargs)`` decides each
-        parameter as in :meth:`from_apply`; the module hints (Dense, DenseGeneral,
-        Conv, Embed, Einsum, norms) are the cross-check and the fallback.
+        One trace of ``module.init(key, *args, **kwargs)`` as ``jax.jit`` makes it
+        (abstract values: no FLOPs): the forward pass inside it decides each parameter
+        as in :meth:`from_apply`, walked from the variables that become the parameters;
+        the module hints (Dense, DenseGeneral, Conv, Embed, Einsum, norms) recorded
+        in the same trace are the cross-check and the fallback. To get the
+        variables too, from the same trace, use :func:`init_with_geometry`.
 
         Args:
           module: the Linen module.
@@ -634,19 +709,8 @@ class GeometryMap:
           strict: raise instead of the element-wise fallback for undecided leaves.
           **kwargs: keyword inputs of the module call.
         """
-        from spectral_optax._trace import trace_geometry
-
-        hints, variables = _hints_from_linen(module, args, kwargs)
-        others = [c for c in variables if c != "params"]
-
-        def apply(p, collections, *a, **kw):
-            out = module.apply(
-                {**collections, "params": p}, *a, rngs={"dropout": jax.random.key(0)}, mutable=others or False, **kw
-            )
-            return out[0] if others else out  # the model's output, not the updated batch statistics
-
-        rest = {c: variables[c] for c in others}
-        traced = _trace_or_warn(trace_geometry, apply, variables.get("params", {}), (rest, *args), kwargs)
+        hints, tr = _linen_init_trace(module, jax.random.key(0), args, kwargs)
+        traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs)
         return cls(overrides, hints=hints, strict=strict, traced=traced)
 
     def check_overrides(self, paths: Sequence[str], where: str = "geometry") -> None:
@@ -764,7 +828,24 @@ class GeometryMap:
             elif other is not None and other.role != t.geometry.role:
                 how += f"; {src} said role {other.role!r}"
             return t.geometry, how
+        head = _default_head(path, shape_of)
+        if t is None and path.endswith("/kernel") and _GQA_FUSED_NAME.match(path.split("/")[-2]):
+            _gqa_fused_warning(path, shape)
         if hint is not None:
+            lay = self._hint_for(path)
+            if t is None and lay is not None and lay.doubt is not None:
+                warnings.warn(
+                    f"parameter '{path}' with shape {shape}: taken as {_short(hint)} from its module, but "
+                    f"{lay.doubt}. Pass example inputs so that the trace decides "
+                    "(spectral_optax.GeometryMap.from_nnx(model, x) / from_linen(model, x)), or fix it with an "
+                    "override.\n" + _override_help(path, shape),
+                    GeometryWarning,
+                    stacklevel=4,
+                )
+                return hint, "module hint (warned: unchecked without a trace)"
+            if head is not None and t is None and hint.role != "output":
+                _default_head_warning(path, shape, head)
+                return hint.replace(role="output"), f"module hint, guessed read-out ({head})"
             return hint, "module hint" + (f" (trace: {t.reason})" if t is not None else "")
         if t is not None and not t.defer:
             err = UndecidableGeometryError(
@@ -774,6 +855,9 @@ class GeometryMap:
             err.reason = t.reason  # type: ignore[attr-defined]
             raise err
         g = self._from_names(path, shape, shape_of)
+        if head is not None and g.role == "output" and not _is_output_path(path):
+            _default_head_warning(path, shape, head)
+            return g, f"name rule, guessed read-out ({head})"
         return g, "name rule" + (f" (trace: {t.reason})" if t is not None else "")
 
     def _hint_for(self, path: str):
@@ -809,7 +893,7 @@ class GeometryMap:
         parent = parts[-2] if len(parts) > 1 else ""
         grandparent = parts[-3] if len(parts) > 2 else ""
         ndim = len(shape)
-        role = "output" if _is_output_path(path) else "hidden"
+        role = "output" if _is_output_path(path) or _default_head(path, shape_of) else "hidden"
 
         if "embed" in leaf and ndim >= 2:
             return Geometry.embedding(shape, role=role)
@@ -848,6 +932,8 @@ class GeometryMap:
         if ndim == 2:
             return Geometry.matrix(shape, role=role)
         if leaf == "kernel":
+            if _CONV_LOCAL_NAME.match(parent):  # one (window x in, out) matrix per output position
+                return Geometry(shape, "matrix", (ndim - 2,), (ndim - 1,), role=role)
             if _CONV_NAME.search(parent):
                 return Geometry(shape, "matrix", tuple(range(ndim - 1)), (ndim - 1,), role=role)
             if _DENSE_NAME.match(parent):
@@ -935,6 +1021,60 @@ def _fused_qkv_splits(path: str, shape: tuple[int, ...], fan_out: tuple[int, ...
     return 3 if int(np.prod([shape[a] for a in fan_out])) % 3 == 0 else 1
 
 
+def _default_head(path: str, shape_of) -> str | None:
+    """The module name (``'Dense_3'``) if ``path`` is a leaf of the guessed read-out of a tree that names
+    no head: the highest-numbered top-level ``Dense_N`` with a 2-D kernel, when the tree has other
+    layers (another kernel or an embedding) and no module named as a head. ``None`` otherwise."""
+    parts = path.split("/")
+    if parts[:1] == ["params"]:
+        parts = parts[1:]
+    if len(parts) != 2 or not _DEFAULT_DENSE_NAME.match(parts[0]):
+        return None
+    best, others = None, False
+    for p, s in shape_of.items():
+        q = p.split("/")
+        if q[:1] == ["params"]:
+            q = q[1:]
+        if _is_output_path(p):
+            return None
+        m = _DEFAULT_DENSE_NAME.match(q[0]) if len(q) == 2 and q[1] == "kernel" and len(s) == 2 else None
+        if m is not None:
+            others = others or best is not None
+            best = int(m.group(1)) if best is None else max(best, int(m.group(1)))
+        elif q[-1] == "kernel" or "embed" in q[-1].lower():
+            others = True
+    if best is None or not others or parts[0] != f"Dense_{best}":
+        return None
+    return parts[0]
+
+
+def _default_head_warning(path: str, shape: tuple[int, ...], module: str) -> None:
+    kind = "matrix" if path.endswith("kernel") else "vector"
+    warnings.warn(
+        f"parameter '{path}' with shape {shape}: taken as the read-out (role 'output') because '{module}' is "
+        "the highest-numbered top-level Dense_N and no module is named as a head (head, lm_head, logits, "
+        "classifier, ...); only the computation says for sure. Pass the model "
+        "(spectral_optax.GeometryMap.from_linen(model, x) / from_apply(apply_fn, params, x)), name the layer "
+        f"(nn.Dense(..., name='head')), or fix it with an override, e.g. "
+        f"geometry={{r'{module}/{path.split('/')[-1]}$': dict(kind='{kind}', role='hidden')}}.",
+        GeometryWarning,
+        stacklevel=4,
+    )
+
+
+def _gqa_fused_warning(path: str, shape: tuple[int, ...]) -> None:
+    warnings.warn(
+        f"parameter '{path}' with shape {shape}: a fused '{path.split('/')[-2]}' kernel may hold query, key and "
+        "value blocks of different widths (grouped-query attention), which only the forward pass shows; "
+        "without it, its fan-out is taken as 3 equal blocks when it divides by 3, else as one matrix. Pass the "
+        "model (spectral_optax.GeometryMap.from_linen(model, x) / from_nnx(model, x) / from_apply(apply_fn, "
+        "params, x)), or fix it with an override, e.g. "
+        f"geometry={{r'{path.split('/')[-2]}/kernel$': dict(kind='matrix', fan_out_splits=1)}} (one matrix).",
+        GeometryWarning,
+        stacklevel=4,
+    )
+
+
 def _is_output_path(path: str) -> bool:
     return any(_OUTPUT_NAME.match(part) for part in path.split("/")[:-1])
 
@@ -971,6 +1111,34 @@ def as_geometry_map(geometry: GeometryLike = None) -> GeometryMap:
     if isinstance(geometry, Mapping) and _looks_like_regex_dict(geometry):
         return GeometryMap(geometry)
     return GeometryMap(tree=geometry)
+
+
+def init_with_geometry(module, rngs, *args, overrides=None, strict: bool = False, **kwargs):
+    """``module.init(rngs, *args, **kwargs)`` and its :class:`GeometryMap`, from one trace.
+
+    ``jax.jit(module.init).trace(...)`` records the forward pass fed by the
+    variables that become the parameters: the geometry is read off that jaxpr as
+    in :meth:`GeometryMap.from_linen`, and the same trace is lowered, compiled
+    and run for the variables, so the model is traced once for both (the
+    geometry costs the walk and the recorded module hints; docs/guide.md has the
+    measurement). The variables are those of ``jax.jit(module.init)(rngs, *args, **kwargs)``.
+
+    Args:
+      module: a Linen module.
+      rngs: the PRNG key, or a dict of keys, as for ``module.init``.
+      *args: the example inputs of ``module.init``.
+      overrides: ``{regex: override}``, applied first.
+      strict: raise instead of the element-wise fallback for undecided leaves.
+      **kwargs: keyword inputs of the module call.
+
+    Returns:
+      ``(variables, geometry)``: the variables dict (``{'params': ..., ...}``)
+      and the :class:`GeometryMap` to pass as ``geometry=``.
+    """
+    hints, tr = _linen_init_trace(module, rngs, args, kwargs)
+    traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs)
+    params, rest = tr.values()
+    return {"params": params, **rest}, GeometryMap(overrides, hints=hints, strict=strict, traced=traced)
 
 
 def _looks_like_regex_dict(d: Mapping) -> bool:

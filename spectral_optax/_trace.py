@@ -28,6 +28,14 @@ Anything else (an opaque primitive or callback, uses that disagree, an axis
 cut in blocks that a :class:`Geometry` cannot express) leaves the parameter
 undecided with the reason, and :class:`~spectral_optax.GeometryMap` handles it
 (module hint, else the element-wise fallback with a ``GeometryWarning``).
+``trace_init(init_fn, rngs, *args)`` does the same from one trace of an
+``init`` that runs the forward pass (Linen's ``init``, as ``jax.jit`` traces
+it): the walk starts from the variables that become the parameters (seeded
+where they are made, inside ``scan`` / ``jit`` bodies too), the read-out is
+judged at the values the init computes and drops (the model's output), and
+the same trace is compiled for the values, so that init and geometry cost one
+trace of the model.
+
 A parameter used only element-wise over two or more axes (a learned position
 table added to the activations, a 2-D bias) is deferred to the hints and name
 rules, since element-wise use alone does not say whether it is a table or a
@@ -111,6 +119,7 @@ class _Tracer:
         self.act: set[int] = set()
         self.uses: list[_Use] = []
         self.nodes: list[tuple[list[int], list[int], bool]] = []
+        self.unmapped: set[int] = set()  # parameters made (in an init trace) where the walk cannot seed them
         self._n = 0
 
     def fresh(self) -> int:
@@ -135,12 +144,21 @@ class _Tracer:
         return recs
 
     # ---- the walk --------------------------------------------------------
-    def walk(self, jaxpr, in_vals: Sequence[int | None]) -> list[int | None]:
-        env: dict[Any, int | None] = {}
+    def seed(self, view: _View) -> int:
+        """A fresh value that is the parameter ``view`` (where an init trace makes it)."""
+        val = self.fresh()
+        self.views[val] = view
+        return val
+
+    def walk(self, jaxpr, in_vals: Sequence[int | None], seeds: dict | None = None, env_out: dict | None = None):
+        """Walk ``jaxpr``; ``seeds`` maps the variables that are parameters (an init trace) to their views;
+        ``env_out`` (if given) receives every variable's value."""
+        env: dict[Any, int | None] = {} if env_out is None else env_out
+        seeds = seeds or {}
         for v, val in zip(jaxpr.invars, in_vals):
-            env[v] = val
+            env[v] = self.seed(seeds[v]) if v in seeds else val
         for v in getattr(jaxpr, "constvars", ()):
-            env[v] = self.fresh()
+            env[v] = self.seed(seeds[v]) if v in seeds else self.fresh()
 
         def read(x):
             if isinstance(x, jex_core.Literal):
@@ -149,16 +167,22 @@ class _Tracer:
 
         for eqn in jaxpr.eqns:
             ins = [read(x) for x in eqn.invars]
-            outs = self.eqn(eqn, ins)
-            for v, val in zip(eqn.outvars, outs):
-                env[v] = val
+            mine = {i: seeds[o] for i, o in enumerate(eqn.outvars) if o in seeds} if seeds else {}
+            outs = self.eqn(eqn, ins, mine)
+            for i, (v, val) in enumerate(zip(eqn.outvars, outs)):
+                env[v] = self.seed(mine[i]) if i in mine else val
         return [read(x) for x in jaxpr.outvars]
 
-    def eqn(self, eqn, ins: list[int | None]) -> list[Any]:
+    def eqn(self, eqn, ins: list[int | None], seeds: dict[int, _View] | None = None) -> list[Any]:
+        if not seeds and not any(v is not None and (v in self.act or v in self.views) for v in ins):
+            return [self.fresh() for _ in eqn.outvars]  # no parameter, no activation (an init's random draws)
         name = eqn.primitive.name
         p = eqn.params
+        seeds = seeds or {}
         if name == "scan":
-            return self.scan(eqn, ins)
+            return self.scan(eqn, ins, seeds)
+        if name in ("while", "cond") and seeds:
+            self.unmapped.update(v.p for v in seeds.values())  # a parameter made inside a loop / branch
         if name == "while":
             return self.while_loop(eqn, ins)
         if name == "cond":
@@ -166,8 +190,11 @@ class _Tracer:
         sub = _sub_jaxpr(eqn)
         if sub is not None:
             jaxpr, _ = sub
-            sub_outs = self.walk(jaxpr, ins)
+            sub_seeds = self.inner_seeds(jaxpr.outvars, seeds, lambda v: v)
+            sub_outs = self.walk(jaxpr, ins, sub_seeds)
             return [o if o is not None else self.fresh() for o in sub_outs]
+        if seeds and any(_has_jaxpr(v) for v in p.values()):
+            self.unmapped.update(v.p for v in seeds.values())  # made inside a sub-computation not followed
 
         outs = [self.fresh() for _ in eqn.outvars]
         views = [self.views.get(v) if v is not None else None for v in ins]
@@ -175,13 +202,14 @@ class _Tracer:
         if is_act:
             self.act.update(outs)
         blocking = False
-        in_shapes = [tuple(getattr(x.aval, "shape", ())) for x in eqn.invars]
-        out_shape = tuple(getattr(eqn.outvars[0].aval, "shape", ())) if eqn.outvars else ()
-
-        if any(views):
-            blocking = self.consume(eqn, name, p, ins, views, outs, in_shapes, out_shape)
-        if not any(views) or name in _ELEMENTWISE:
-            self.follow_product(eqn, name, p, ins, outs, in_shapes, out_shape)
+        has_view = any(views)
+        if has_view or any(v in self.prods for v in ins if v is not None):
+            in_shapes = [tuple(getattr(x.aval, "shape", ())) for x in eqn.invars]
+            out_shape = tuple(getattr(eqn.outvars[0].aval, "shape", ())) if eqn.outvars else ()
+            if has_view:
+                blocking = self.consume(eqn, name, p, ins, views, outs, in_shapes, out_shape)
+            if not has_view or name in _ELEMENTWISE:
+                self.follow_product(eqn, name, p, ins, outs, in_shapes, out_shape)
         self.nodes.append(([v for v in ins if v is not None], outs, blocking))
         return list(outs)
 
@@ -299,7 +327,12 @@ class _Tracer:
             res = _cut(name, p, po.dims, in_shapes[i], [tuple(o.aval.shape) for o in eqn.outvars])
             if res is None:
                 self.uses[po.use].records.append(("undecided", -1))
-                self.uses[po.use].note = f"its product is {name}-ed in unequal or strided pieces"
+                sizes = f" of sizes {tuple(int(n) for n in p['sizes'])}" if name == "split" else ""
+                self.uses[po.use].note = (
+                    f"its product is cut ({name}) into unequal or strided blocks{sizes} (a fused projection of "
+                    "different widths, e.g. grouped-query q / k / v): a Geometry splits a fan-out only into "
+                    "equal blocks. Override it as one matrix, or keep the blocks as separate parameters"
+                )
                 return
             recs, dims_list = res
             self.uses[po.use].records.extend(recs)
@@ -308,11 +341,30 @@ class _Tracer:
         elif name in _ELEMENTWISE and len(prods) == 1 and tuple(out_shape) == tuple(in_shapes[i]):
             self.prods[outs[0]] = po
 
+    def inner_seeds(self, outvars, seeds: dict[int, _View], inner: Callable[[_View], _View]) -> dict:
+        """Seeds of a sub-jaxpr: its outvar ``i`` is the parameter the equation's output ``i`` is."""
+        out = {}
+        for i, view in seeds.items():
+            v = outvars[i]
+            if isinstance(v, jex_core.Literal):
+                self.unmapped.add(view.p)
+            else:
+                out[v] = inner(view)
+        return out
+
+    def unstack(self, view: _View) -> _View:
+        """One slice of a parameter stacked on its leading axis (a scan's xs or ys): that axis is batch."""
+        stacked = [("batch", a) if (o == 1 and s == self.shapes[view.p][a]) else ("undecided", a)
+                   for a, o, s in view.dims[0] if a >= 0]  # fmt: skip
+        return _View(view.p, view.dims[1:], view.extra + tuple(stacked))
+
     # ---- control flow ------------------------------------------------------
-    def scan(self, eqn, ins):
+    def scan(self, eqn, ins, seeds: dict[int, _View]):
         p = eqn.params
         closed = p["jaxpr"]
         nc, ncar = p["num_consts"], p["num_carry"]
+        self.unmapped.update(v.p for i, v in seeds.items() if i < ncar)  # a parameter carried: not followed
+        body_seeds = self.inner_seeds(closed.jaxpr.outvars, {i: v for i, v in seeds.items() if i >= ncar}, self.unstack)
         consts, carry, xs = ins[:nc], ins[nc : nc + ncar], ins[nc + ncar :]
         carry_in = [self.fresh() for _ in carry]
         for c, ci in zip(carry, carry_in):
@@ -331,10 +383,8 @@ class _Tracer:
                 self.act.add(xi)
             view = self.views.get(x)
             if view is not None:
-                stacked = [("batch", a) if (o == 1 and s == self.shapes[view.p][a]) else ("undecided", a)
-                           for a, o, s in view.dims[0] if a >= 0]  # fmt: skip
-                self.views[xi] = _View(view.p, view.dims[1:], view.extra + tuple(stacked))
-        outs = self.walk(closed.jaxpr, list(consts) + carry_in + x_in)
+                self.views[xi] = self.unstack(view)
+        outs = self.walk(closed.jaxpr, list(consts) + carry_in + x_in, body_seeds)
         body_carry, body_ys = outs[:ncar], outs[ncar:]
         for bc, ci in zip(body_carry, carry_in):
             if bc is not None:
@@ -411,6 +461,12 @@ def _sub_jaxpr(eqn):
         if len(jaxpr.invars) == len(eqn.invars) and len(jaxpr.outvars) == len(eqn.outvars):
             return jaxpr, getattr(j, "consts", ())
     return None
+
+
+def _has_jaxpr(v) -> bool:
+    if isinstance(v, (tuple, list)):
+        return any(_has_jaxpr(x) for x in v)
+    return hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns")
 
 
 def _pieces(dims: _Dims, group: Sequence[int]) -> list[_Piece]:
@@ -550,7 +606,8 @@ def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> T
     role = "output" if readout else "hidden"
 
     def classes_of(us):
-        return _axis_classes(shape, [r for u in us for r in u.records])
+        cut = next((u.note for u in us if u.note and ("undecided", -1) in u.records), None)
+        return cut or _axis_classes(shape, [r for u in us for r in u.records])
 
     if gathers:
         res = classes_of(gathers)
@@ -617,6 +674,33 @@ def _abstract(x):
     return None
 
 
+def _static_split(tree):
+    """Flatten ``tree``: (leaves, treedef, abstract values of its array leaves, their positions)."""
+    flat, tdef = jax.tree_util.tree_flatten(tree)
+    abst = [_abstract(x) for x in flat]
+    idx = [i for i, x in enumerate(abst) if x is not None]
+    return flat, tdef, [abst[i] for i in idx], idx
+
+
+def _rebuild(flat, tdef, idx, leaves):
+    out = list(flat)
+    for i, v in zip(idx, leaves):
+        out[i] = v
+    return jax.tree_util.tree_unflatten(tdef, out)
+
+
+def _decisions(tr: _Tracer, outs, paths, shapes) -> dict[str, TraceDecision]:
+    clean = tr.clean(outs)
+    by_param: dict[int, list[_Use]] = {k: [] for k in range(len(paths))}
+    for u in tr.uses:
+        by_param[u.p].append(u)
+    return {path: _decide(shapes[k], by_param[k], clean, tr.uses) for k, path in enumerate(paths)}
+
+
+def _param_view(k: int, shape: tuple[int, ...]) -> _View:
+    return _View(k, tuple(((a, 1, s),) for a, s in enumerate(shape)))
+
+
 def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str, TraceDecision]:
     """Trace ``apply_fn(params, *args, **kwargs)`` on abstract values; decide each parameter.
 
@@ -633,38 +717,148 @@ def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str
       '/'-joined as in :func:`~spectral_optax._geometry.path_str`.
     """
     p_flat, p_def = jax.tree_util.tree_flatten_with_path(params)
-    a_flat, a_def = jax.tree_util.tree_flatten((args, kwargs))
     p_abs = [_abstract(x) for _, x in p_flat]
-    a_abs = [_abstract(x) for x in a_flat]
     p_idx = [i for i, x in enumerate(p_abs) if x is not None]
-    a_idx = [i for i, x in enumerate(a_abs) if x is not None]
+    a_flat, a_def, a_abs, a_idx = _static_split((args, kwargs))
 
     def fn(p_leaves, a_leaves):
         pl = [x for _, x in p_flat]
         for i, v in zip(p_idx, p_leaves):
             pl[i] = v
-        al = list(a_flat)
-        for i, v in zip(a_idx, a_leaves):
-            al[i] = v
-        a, kw = jax.tree_util.tree_unflatten(a_def, al)
+        a, kw = _rebuild(a_flat, a_def, a_idx, a_leaves)
         return apply_fn(jax.tree_util.tree_unflatten(p_def, pl), *a, **kw)
 
-    closed = jax.make_jaxpr(fn)([p_abs[i] for i in p_idx], [a_abs[i] for i in a_idx])
+    closed = jax.make_jaxpr(fn)([p_abs[i] for i in p_idx], a_abs)
     jaxpr = closed.jaxpr
     shapes = [tuple(p_abs[i].shape) for i in p_idx]  # type: ignore[union-attr]
     tr = _Tracer(shapes)
     in_vals = [tr.fresh() for _ in jaxpr.invars]
     n = len(p_idx)
     for k in range(n):
-        tr.views[in_vals[k]] = _View(k, tuple(((a, 1, s),) for a, s in enumerate(shapes[k])))
+        tr.views[in_vals[k]] = _param_view(k, shapes[k])
     tr.act.update(in_vals[n:])
     outs = tr.walk(jaxpr, in_vals)
-    clean = tr.clean(outs)
-    by_param: dict[int, list[_Use]] = {k: [] for k in range(n)}
-    for u in tr.uses:
-        by_param[u.p].append(u)
-    result = {}
-    for k, i in enumerate(p_idx):
-        path = path_str(p_flat[i][0])
-        result[path] = _decide(shapes[k], by_param[k], clean, tr.uses)
-    return result
+    return _decisions(tr, outs, [path_str(p_flat[i][0]) for i in p_idx], shapes)
+
+
+def _dead_ends(jaxpr) -> list:
+    """The variables an equation makes and nothing uses (nor the jaxpr returns): where a value the
+    traced function computes and drops ends (``init``'s forward-pass output)."""
+    used = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, jex_core.Literal)}
+    used |= {v for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)}
+    return [v for e in jaxpr.eqns for v in e.outvars if v not in used and type(v).__name__ != "DropVar"]
+
+
+def _param_vars(outvars, paths: list[str]) -> tuple[list[Any], list[str]]:
+    """The jaxpr variable of each parameter output, and the paths that have none of their own
+    (a literal, or one value returned as two parameters)."""
+    out: list[Any] = []
+    unmapped, seen = [], set()
+    for path, v in zip(paths, outvars):
+        if isinstance(v, jex_core.Literal) or v in seen:
+            unmapped.append(path)
+            out.append(None)
+        else:
+            seen.add(v)
+            out.append(v)
+    return out, unmapped
+
+
+@dataclasses.dataclass
+class InitTrace:
+    """One trace of an ``init`` that runs the forward pass: the geometry and the values from it.
+
+    Attributes:
+      traced: ``jax.jit(init).trace(...)`` (a ``jax.stages.Traced``): its jaxpr is walked for the
+        geometry, and lowered and compiled for the values.
+      paths: the '/'-joined paths of the parameters.
+      shapes: their shapes.
+      unmapped: paths of parameters the walk cannot place (made inside a loop, a branch or a
+        sub-computation it does not follow, or a constant): decide those by another route.
+    """
+
+    traced: Any
+    paths: list[str]
+    shapes: list[tuple[int, ...]]
+    unmapped: list[str]
+    _key_leaves: int
+    _leaves: list
+    _with_output: Callable
+    _decisions: dict[str, TraceDecision] | None = None
+
+    def _walk(self, jaxpr, param_vars, outputs: Callable) -> tuple[_Tracer, list]:
+        tr = _Tracer(self.shapes)
+        seeds = {v: _param_view(k, self.shapes[k]) for k, v in enumerate(param_vars) if v is not None}
+        in_vals = [tr.fresh() for _ in jaxpr.invars]
+        tr.act.update(in_vals[self._key_leaves :])
+        env: dict = {}
+        outs = tr.walk(jaxpr, in_vals, seeds, env_out=env)
+        return tr, outputs(tr, env, outs)
+
+    def decisions(self) -> dict[str, TraceDecision]:
+        """``{path: TraceDecision}``: the forward pass inside the init jaxpr, walked from the
+        variables that become the parameters (the activations are the non-``rngs`` inputs). The
+        model's output is what ``init`` computes and drops: the dead ends of the jaxpr that carry
+        activations (if there is none, the init is traced once more with its output returned)."""
+        if self._decisions is None:
+            closed = self.traced.jaxpr
+            pv, _ = _param_vars(closed.jaxpr.outvars, self.paths)
+            dead = _dead_ends(closed.jaxpr)
+            tr, outs = self._walk(closed.jaxpr, pv, lambda t, env, _: [env[v] for v in dead if env.get(v) in t.act])
+            if not outs:
+                closed, n_y = self._with_output()
+                pv, _ = _param_vars(closed.jaxpr.outvars[n_y:], self.paths)
+                tr, outs = self._walk(closed.jaxpr, pv, lambda t, env, o: o[:n_y])
+            self._decisions = _decisions(tr, outs, self.paths, self.shapes)
+            self.unmapped = sorted(set(self.unmapped) | {self.paths[k] for k in tr.unmapped})
+        return self._decisions
+
+    def values(self):
+        """``(params, rest)``: the traced init lowered, compiled and run (no second trace)."""
+        return self.traced.lower().compile()(self._leaves)
+
+    def lowered(self):
+        """The traced init lowered (for timing: no compile, no run)."""
+        return self.traced.lower()
+
+
+def trace_init(init_fn: Callable, rngs: Any, *args, **kwargs) -> InitTrace:
+    """Trace ``init_fn(rngs, *args, **kwargs) -> (outputs, params, rest)`` once, as ``jax.jit`` does.
+
+    The jaxpr of an ``init`` that runs the forward pass (Linen's ``init``)
+    contains that forward pass, fed by the variables that become the parameters:
+    :meth:`InitTrace.decisions` walks it from those variables (as
+    :func:`trace_geometry` walks an ``apply`` from its inputs) and
+    :meth:`InitTrace.values` compiles the same trace for the parameters, so that
+    init and geometry cost one trace of the model.
+
+    Args:
+      init_fn: ``(rngs, *args, **kwargs) -> (outputs, params, rest)``: the model's
+        outputs (dropped from the traced function; returned only if a second trace is
+        needed for the read-out), the parameter tree, any other variables.
+      rngs: the PRNG key(s) (not activations).
+      *args: example inputs (arrays or ``jax.ShapeDtypeStruct``; other leaves are static).
+      **kwargs: keyword inputs, as ``args``.
+
+    Returns:
+      An :class:`InitTrace`.
+    """
+    flat, tdef, abst, idx = _static_split((rngs, args, kwargs))
+    n_keys = len([i for i in idx if i < len(jax.tree_util.tree_leaves(rngs))])
+
+    def full(leaves):
+        r, a, kw = _rebuild(flat, tdef, idx, leaves)
+        return init_fn(r, *a, **kw)
+
+    traced = jax.jit(lambda leaves: full(leaves)[1:]).trace(abst)
+    p_flat = jax.tree_util.tree_flatten_with_path(traced.out_info[0])[0]
+    paths = [path_str(p) for p, _ in p_flat]
+    shapes = [tuple(x.shape) for _, x in p_flat]
+    _, unmapped = _param_vars(traced.jaxpr.jaxpr.outvars, paths)
+
+    def with_output():
+        closed, out_shape = jax.make_jaxpr(full, return_shape=True)(abst)
+        return closed, len(jax.tree_util.tree_leaves(out_shape[0]))
+
+    leaves = [flat[i] for i in idx]
+    return InitTrace(traced, paths, shapes, unmapped, n_keys, leaves, with_output)

@@ -83,11 +83,62 @@ def test_linen_mlp():
 
 def test_linen_cnn_fan_in_includes_window():
     p = CNN().init(jax.random.key(0), jnp.ones((1, 12, 12, 3)))["params"]
-    g = geoms(p)
+    # The head is flax's default-named Dense_0 (the only top-level Dense, after the convs): guessed, warned.
+    with pytest.warns(so.GeometryWarning, match=r"'Dense_0/kernel'.*taken as the read-out"):
+        g = geoms(p)
+    assert g["Dense_0/kernel"].role == "output" and g["Conv_1/kernel"].role == "hidden"
     k = g["Conv_1/kernel"]
     assert axes(k) == ("matrix", (0, 1, 2), (3,), ())
     assert (k.d_in, k.d_out) == (5 * 5 * 8, 16)
     assert k.target_spectral_norm == pytest.approx(np.sqrt(16 / 200))
+
+
+def _gw(tree, geometry=None):
+    """Geometries and the paths named by GeometryWarnings."""
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always", so.GeometryWarning)
+        g = geoms(tree, geometry)
+    msgs = [str(w.message) for w in rec if issubclass(w.category, so.GeometryWarning)]
+    return g, {p for p in g if any(f"'{p}'" in m for m in msgs)}, msgs
+
+
+def test_plain_params_default_named_dense_head_is_guessed_and_warned():
+    # A flax-example classifier that names no head: Conv_0, Dense_0, Dense_1, Dense_2 (the read-out).
+    o = jnp.ones
+    tree = {"Conv_0": {"kernel": o((3, 3, 3, 8)), "bias": o((8,))}, "Dense_0": {"kernel": o((8, 16)), "bias": o((16,))},
+            "Dense_1": {"kernel": o((16, 16)), "bias": o((16,))}, "Dense_2": {"kernel": o((16, 10)), "bias": o((10,))}}  # fmt: skip
+    for t in (tree, {"params": tree}):
+        g, warned, msgs = _gw(t)
+        pre = "params/" if "params" in t else ""
+        roles = {p: x.role for p, x in g.items()}
+        assert roles == {p: "output" if p.startswith(f"{pre}Dense_2/") else "hidden" for p in g}, roles
+        assert warned == {f"{pre}Dense_2/kernel", f"{pre}Dense_2/bias"}
+        assert all("from_linen" in m and "role='hidden'" in m for m in msgs)
+        gm = GeometryMap()
+        gm.leaves(t)
+        assert gm.decided_by(f"{pre}Dense_2/kernel", (16, 10)) == "name rule, guessed read-out (Dense_2)"
+    # The override the warning shows silences it.
+    g, warned, _ = _gw(tree, {r"Dense_2/kernel$": dict(kind="matrix", role="hidden"),
+                              r"Dense_2/bias$": dict(kind="vector", role="hidden")})  # fmt: skip
+    assert not warned and g["Dense_2/kernel"].role == "hidden"
+    # A named head: nothing guessed, nothing warned. A lone Dense_0 (no other layer): not guessed.
+    g, warned, _ = _gw({**tree, "head": {"kernel": o((10, 3))}})
+    assert not warned and g["Dense_2/kernel"].role == "hidden" and g["head/kernel"].role == "output"
+    g, warned, _ = _gw({"Dense_0": {"kernel": o((4, 5))}, "LayerNorm_0": {"scale": o((5,))}})
+    assert not warned and g["Dense_0/kernel"].role == "hidden"
+
+
+def test_plain_params_conv_local_and_fused_wqkv():
+    # nn.ConvLocal: kernel (out_h, out_w, window x in, out): one matrix per output position.
+    o = jnp.ones
+    g, warned, _ = _gw({"ConvLocal_0": {"kernel": o((8, 8, 27, 4)), "bias": o((8, 8, 4))}})
+    assert not warned
+    assert axes(g["ConvLocal_0/kernel"]) == ("matrix", (2,), (3,), (0, 1))
+    assert axes(g["ConvLocal_0/bias"]) == ("vector", (), (2,), (0, 1))
+    # A Llama-style fused 'wqkv' may be grouped-query (unequal blocks): from plain params it is warned.
+    g, warned, msgs = _gw({"attn": {"wqkv": {"kernel": o((8, 24))}, "wo": {"kernel": o((8, 8))}}})
+    assert warned == {"attn/wqkv/kernel"} and "fan_out_splits=1" in msgs[0]
+    assert g["attn/wqkv/kernel"].fan_out_splits == 3
 
 
 def test_linen_transformer_dense_general_attention_and_embed():
@@ -147,7 +198,10 @@ class NNXNet(nnx.Module):
 def test_nnx_state_and_module():
     model = NNXNet(nnx.Rngs(0))
     state = nnx.state(model, nnx.Param)
-    g = geoms(state, model)  # a live module is accepted as geometry
+    # A live module is accepted as geometry. Without example inputs no read-out is seen ('lin' is one
+    # by position only): warned, not silently 'hidden'.
+    with pytest.warns(so.GeometryWarning, match="without example inputs: no module is named as a read-out"):
+        g = geoms(state, model)
     assert axes(g["conv/kernel"]) == ("matrix", (0, 1), (2,), ())
     assert g["conv/kernel"].d_in == 48
     assert axes(g["attn/query/kernel"]) == ("matrix", (0,), (1, 2), ())

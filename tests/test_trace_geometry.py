@@ -17,6 +17,7 @@ and for the GPT-2 block the step of the same model written with plain
 ``(in, out)`` kernels.
 """
 
+import re
 import warnings
 
 import flax.linen as nn
@@ -200,6 +201,38 @@ def test_gpt2_conv1d_transposed_kernels_fused_c_attn_and_tied_embedding():
     # Plain params: the GPT-2 names with their shapes decide the transposed layout.
     silent, _ = check_plain(params, truth)
     assert not silent, silent
+
+
+def test_init_with_geometry_one_trace_gives_init_values_and_the_traced_geometry():
+    model = GPT2()
+    key = jax.random.key(3)
+    variables, gmap = so.init_with_geometry(model, key, TOKENS)
+    ref = jax.jit(model.init)(key, TOKENS)
+    assert jax.tree.structure(variables) == jax.tree.structure(ref)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(variables), jax.tree_util.tree_leaves(ref)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=path_str(path))
+    check_truth(variables["params"], gmap, gpt2_truth())
+    # The same program as jax.jit(model.init): the geometry adds nothing to the compile.
+    from spectral_optax._geometry import _linen_init_trace
+
+    strip = lambda text: re.sub(r"loc\(.*?\)|#loc\d*|@\w+|\"[^\"]*\"", "", text)  # noqa: E731 - names, locations
+    lowered = _linen_init_trace(model, key, (TOKENS,), {})[1].lowered().as_text()
+    assert strip(lowered) == strip(jax.jit(model.init).lower(key, TOKENS).as_text())
+
+
+def test_init_trace_falls_back_to_apply_for_a_parameter_it_cannot_place():
+    table = np.ones((4, 3), np.float32)  # both parameters are this one constant in the init jaxpr
+
+    class Shared(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            a = self.param("a", lambda k, s: table, (4, 3))
+            b = self.param("b", lambda k, s: table, (4, 3))
+            return x @ a + x @ b
+
+    x = jnp.ones((2, 4))
+    _, gmap = so.init_with_geometry(Shared(), jax.random.key(0), x)
+    check_truth({"a": table, "b": table}, gmap, {n: t(M, (0,), (1,), role="output") for n in "ab"})
 
 
 def test_gpt2_muon_step_equals_plain_dense_model():
@@ -390,12 +423,21 @@ def test_gemma_nnx_einsum():
     gmap = GeometryMap.from_nnx(model, TOKENS)
     check_truth(state, gmap, truth)
     check_muon_matches_truth(state, gmap, truth)
-    # Without example inputs the module hints read each nnx.Einsum's equation: right except the
-    # blocks split after the product (kv / gate stacks) and the tied read-out, which only the trace sees.
-    hinted = {p: summary(g) for p, g in GeometryMap.from_nnx(model).leaves(state)}
+    # Without example inputs the module hints read each nnx.Einsum's equation; whether an output axis is
+    # a stack split after the product (kv / gate) or heads only the trace sees: every such leaf is warned.
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always", so.GeometryWarning)
+        hinted = {p: summary(g) for p, g in GeometryMap.from_nnx(model).leaves(state)}
+    msgs = [str(w.message) for w in rec]
+    warned = {p for p in hinted if any(f"'{p}'" in m and "example inputs" in m for m in msgs)}
+    wrong = {p for p in truth if hinted[p][:5] != truth[p][:5]}  # (an embedding's role routes nothing)
+    assert wrong == {f"layers/{i}/{n}/kernel" for i in range(2) for n in ("kv_einsum", "gating")}
+    assert warned == wrong | {f"layers/{i}/q_einsum/kernel" for i in range(2)}  # heads or a stack? warned
     for i in range(2):
         assert hinted[f"layers/{i}/attn_vec_einsum/kernel"] == truth[f"layers/{i}/attn_vec_einsum/kernel"]
         assert hinted[f"layers/{i}/q_einsum/kernel"] == truth[f"layers/{i}/q_einsum/kernel"]
+    silent, _ = check_plain(state, truth)
+    assert not silent, silent
 
 
 # ================================================================ ConvLocal, Dense_3 head, BatchNorm
@@ -445,6 +487,9 @@ def test_convlocal_dense3_head_batchnorm():
     assert gmap.decided_by("ConvLocal_0/kernel", (8, 8, 27, 4)) == "trace: dot_general"
     k = gmap.tree(params)["ConvLocal_0"]["kernel"]
     assert (k.num_slices, k.d_in, k.d_out) == (64, 27, 4)
+    # Plain params: ConvLocal by its name; the head Dense_3 guessed as the read-out, and warned.
+    silent, warned = check_plain(params, truth)
+    assert not silent and warned == {"Dense_3/kernel", "Dense_3/bias"}, (silent, warned)
 
 
 # ================================================================ stacks with unconventional names
@@ -559,7 +604,7 @@ def test_unequal_fused_split_is_undecided_not_silently_split():
 
     params = {"wqkv": jnp.ones((8, 16))}
     gmap = GeometryMap.from_apply(apply, params, jnp.ones((2, 8)))
-    with pytest.warns(so.GeometryWarning, match="wqkv"):
+    with pytest.warns(so.GeometryWarning, match=r"(?s)'wqkv'.*unequal.*\(8, 4, 4\).*Fix it with an override"):
         assert gmap.tree(params)["wqkv"].kind == "elementwise"
 
 
@@ -605,6 +650,11 @@ def test_package_models_every_leaf_traced_and_unchanged(which):
     }
     assert {p: summary(g) for p, g in gmap.leaves(params)} == {p: summary(g) for p, g in base.leaves(params)}
     assert all(gmap.decided_by(p, g.shape).startswith("trace: ") for p, g in gmap.leaves(params))
+    if which == "linen_scan":  # one trace of init: the stacked parameters are made inside the scan body
+        variables, g1 = so.init_with_geometry(model, jax.random.key(0), x)
+        ref = jax.jit(model.init)(jax.random.key(0), x)
+        assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), variables, ref))
+        assert {p: summary(g) for p, g in g1.leaves(params)} == {p: summary(g) for p, g in base.leaves(params)}
 
 
 def test_lab_model_geometry_from_its_forward_pass():
