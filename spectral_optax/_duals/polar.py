@@ -21,6 +21,9 @@ result is ``U p_K(...p_1(S)) V^T``. Coefficient schedules:
 * :data:`YOU_COEFFICIENTS` (``'you'``, optax's ``'dion'``): You's 5-step set;
 * ``'polar_express_schatten'``: the Polar Express construction on
   ``[3e-3, 1]``, 4 steps, for the Schatten-4-normalized start;
+* ``'power3'`` (:data:`POWER3_COEFFICIENTS`): 3 steps for the ``'power'``
+  start (normalized by a power-iteration estimate of the largest singular
+  value);
 * any user table ``[(a, b, c), ...]`` or a user function replacing the whole
   iteration.
 
@@ -713,7 +716,8 @@ def newton_schulz(
         bfloat16 / float16), ``'quintic'`` (:data:`MUON_QUINTIC`, 5 steps),
         ``'polar_express'`` (:func:`polar_express_coefficients`, 8 steps by
         default), ``'polar_express_schatten'`` (4 steps, for the
-        Schatten-4-normalized start), ``'you'`` (alias ``'dion'``,
+        Schatten-4-normalized start), ``'power3'`` (3 steps, for the
+        ``'power'`` start: float32 / float16 only, see docs/benchmarks.md), ``'you'`` (alias ``'dion'``,
         :data:`YOU_COEFFICIENTS`, 5 steps), an ``(a, b, c)`` triple, a table
         of triples (see ``resolve_coefficients``), or a function
         ``f(x) -> x`` replacing the normalization and iteration altogether,
@@ -761,7 +765,11 @@ def newton_schulz(
         or ``'aol'`` (``D G / ||G||_F`` with ``D`` the inverse square roots
         of the row sums of ``|A|``, ``A`` the normalized Gram matrix;
         Turbo-Muon), the last two reusing their Gram matrix as the first
-        step's. ``'aol'`` rescales rows, so its result approximates the polar
+        step's, or ``'power'`` (``G / min(||G||_{S_8}, POWER_SAFETY *
+        estimate)``, the estimate of the largest singular value from
+        :data:`POWER_ITERATIONS` power steps on the first step's ``A^2``:
+        matrix-vector products only; made for ``'power3'``, whose first step it
+        also rounds once). ``'aol'`` rescales rows, so its result approximates the polar
         factor of ``D G``, not of ``G``: close to orthogonal, on slightly
         different singular vectors.
       restarts: Gram-space method only: step indices at which ``X`` is
