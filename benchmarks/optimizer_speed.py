@@ -710,6 +710,7 @@ def run_training(args):
         for r in res.runs:
             per_lr.setdefault(float(r["lr"]), []).append(float(r["val_loss"]))
         out[name] = {"lrs": grid, "val_loss_by_lr": {k: float(np.mean(v)) for k, v in sorted(per_lr.items())},
+                     "val_loss_by_lr_per_seed": {k: v for k, v in sorted(per_lr.items())},
                      "best_lr": val["best_lr_grid"][4], "val_loss_at_best": val["loss_at_best"][4],
                      "at_edge": bool(val["at_edge"]), "diverged": val["diverged"][4]}
         print(f"  {name:<46} best LR {out[name]['best_lr']:.3g}  val {out[name]['val_loss_at_best']:.4f}  "
