@@ -1,6 +1,13 @@
 """Optimizer step speed: optax.adamw, optax.contrib.muon and spectral_optax.muon (and moga).
 
-    python -m benchmarks.optimizer_speed [--quick] [--json PATH] [--reps N] [--preset cpu|gpu|methods]
+    python -m benchmarks.optimizer_speed [--quick] [--json PATH] [--reps N] [--preset cpu|gpu|methods|training]
+        [--only NAME,...]
+
+``--preset training``: a short GPT run (``lab.gpt_family``, depth 4, width
+64, 120 steps, 2 seeds, 3-point LR grid) per orthogonalization method
+(:func:`training_methods`): validation loss at each method's best LR and its
+difference to 5 standard quintic steps. ``--only`` restricts the methods and
+training presets to the named methods.
 
 ``--preset methods``: the orthogonalization methods side by side (coefficient
 sets, preconditionings, standard / Gram-space with restarts): for each, the
