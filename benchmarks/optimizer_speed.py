@@ -1,6 +1,13 @@
 """Optimizer step speed: optax.adamw, optax.contrib.muon and spectral_optax.muon (and moga).
 
-    python -m benchmarks.optimizer_speed [--quick] [--json PATH] [--reps N] [--preset cpu|gpu|methods]
+    python -m benchmarks.optimizer_speed [--quick] [--json PATH] [--reps N] [--preset cpu|gpu|methods|training]
+        [--only NAME,...]
+
+``--preset training``: a short GPT run (``lab.gpt_family``, depth 4, width
+64, 120 steps, 2 seeds, 3-point LR grid) per orthogonalization method
+(:func:`training_methods`): validation loss at each method's best LR and its
+difference to 5 standard quintic steps. ``--only`` restricts the methods and
+training presets to the named methods.
 
 ``--preset methods``: the orthogonalization methods side by side (coefficient
 sets, preconditionings, standard / Gram-space with restarts): for each, the
@@ -479,6 +486,8 @@ METHODS = {
     "polar_express_schatten 4": ("polar_express_schatten", 4, "schatten"),
     "polar_express_schatten 4 + aol": ("polar_express_schatten", 4, "aol"),
     "polar_express_schatten 3": ("polar_express_schatten", 3, "schatten"),
+    "power3": ("power3", 3, "power"),
+    "quintic 3 + power": ("quintic", 3, "power"),
 }
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -529,17 +538,22 @@ def _shapes_gpt2_small():
     return {"hidden_kernels": hidden, "gpt2_small_model": model}
 
 
-def method_flops(coef, steps, dtype, method="auto"):
-    """Counted matmul flops of one orthogonalization per tree, and the ratio to 5 standard quintic steps."""
+def method_flops(coef, steps, dtype, method="auto", preconditioning=None):
+    """Counted flops of one orthogonalization per tree, and the ratio to 5 standard quintic steps
+    (``'power'``'s matrix-vector products included; ``matvec_flops`` says how many of them)."""
+    prec = preconditioning or _ns.default_preconditioning(coef)
     out = {}
     for tree, shapes in _shapes_gpt2_small().items():
-        total = base = 0
+        total = base = matvec = 0
         for m, n, count in shapes:
             chosen = _ns.newton_schulz_method(m, n, steps, jnp.dtype(dtype), method)
             restarts = _ns.gram_restarts(steps, jnp.dtype(dtype)) if chosen == "gram" else ()
-            total += count * _ns.newton_schulz_flops(m, n, steps, chosen, restarts=restarts)
+            flops = _ns.newton_schulz_flops(m, n, steps, chosen, restarts=restarts, preconditioning=prec)
+            total += count * flops
+            matvec += count * (flops - _ns.newton_schulz_flops(m, n, steps, chosen, restarts=restarts))
             base += count * _ns.newton_schulz_flops(m, n, 5, "standard")
-        out[tree] = {"flops": total, "ratio_to_quintic5": total / base}
+        out[tree] = {"flops": total, "ratio_to_quintic5": total / base, "matvec_flops": matvec,
+                     "matmul_ratio_to_quintic5": (total - matvec) / base}
     return out
 
 
@@ -573,13 +587,17 @@ def run_methods(args):
     svd = lambda v: np.linalg.svd(v.astype(np.float64), full_matrices=False)
     bases = {n: {k: svd(v) for k, v in m.items()} for n, m in sets.items()}
     rows = []
+    only = [m.strip() for m in args.only.split(",")] if getattr(args, "only", None) else list(METHODS)
     for name, (coef, steps, prec) in METHODS.items():
+        if name not in only:
+            continue
         for dtype in DTYPES:
             for method in ("standard", "gram"):
                 kw = dict(coefficients=coef, steps=steps, preconditioning=prec, compute_dtype=dtype, method=method)
                 row = {"method": name, "dtype": dtype, "iteration": method,
                        "restarts": list(_ns.gram_restarts(steps, jnp.dtype(dtype))) if method == "gram" else [],
-                       "flops": method_flops(coef, steps, dtype, "standard" if method == "standard" else "auto")}
+                       "flops": method_flops(coef, steps, dtype, "standard" if method == "standard" else "auto",
+                                             prec)}
                 row.update({n: _quality(sets[n], bases[n], **kw) for n in sets})
                 rows.append(row)
                 q = [row[n] for n in sets]
@@ -616,7 +634,7 @@ def time_methods(args, quick):
     reps = args.reps or (3 if quick else 5)
     params, grads = hidden_kernel_tree(d, blocks, 0), hidden_kernel_tree(d, blocks, 1)
     extra = {}
-    for name in ("quintic 5", "polar_express_schatten 4", "quintic 4 + schatten", "polar_express_schatten 3"):
+    for name in ("quintic 5", "polar_express_schatten 4", "quintic 4 + schatten", "polar_express_schatten 3", "power3"):
         coef, steps, prec = METHODS[name]
         tx = orthogonalizer(scale="muon", ns_coefficients=coef, ns_steps=steps, ns_preconditioning=prec,
                             compute_dtype=jnp.float32)
@@ -629,6 +647,7 @@ def time_methods(args, quick):
             LR, scale="muon", ns_coefficients="polar_express_schatten"),
         "spectral_optax.muon[polar_express_schatten 3]": so.muon(
             LR, scale="muon", ns_coefficients="polar_express_schatten", ns_steps=3),
+        "spectral_optax.muon[power3]": so.muon(LR, scale="muon", ns_coefficients="power3"),
         "spectral_optax.normuon": so.normuon(LR),
     }
     med, times, _ = time_update_steps(opts, params, grads, reps, extra)
@@ -653,6 +672,67 @@ def method_targets(payload):
     return out
 
 
+# --------------------------------------------------------------------------
+# --preset training: a short GPT run per orthogonalization method.
+# --------------------------------------------------------------------------
+#: name -> (lr -> optimizer, LR-grid center). A first run centred on gpt_depth's Muon centre 8e-2
+#: (``benchmarks.gpt_depth.CENTERS``) put every Muon variant's best LR at the grid's lower edge 0.04
+#: (2026-12-01, docs/benchmarks.md), hence 4e-2; NorMuon (update RMS 0.2, ``scale='rms'``) had its best
+#: at 0.04 inside a grid centred there.
+def training_methods():
+    muon = lambda **kw: (lambda lr: so.muon(lr, **kw))
+    return {
+        "quintic 5": (muon(ns_coefficients="quintic", ns_steps=5), 4e-2),
+        "bf16 default (polar_express_schatten 4, bf16)": (muon(compute_dtype=jnp.bfloat16), 4e-2),
+        "power3 (f32)": (muon(ns_coefficients="power3"), 4e-2),
+        "power3 (bf16)": (muon(ns_coefficients="power3", compute_dtype=jnp.bfloat16), 4e-2),
+        "you 5": (muon(ns_coefficients="you"), 4e-2),
+        "quintic 4 + aol": (muon(ns_coefficients="quintic", ns_steps=4, ns_preconditioning="aol"), 4e-2),
+        "normuon": (lambda lr: so.normuon(lr), 4e-2),
+    }
+
+
+def run_training(args):
+    """``--preset training``: each method's validation loss at its best LR (3-point factor-2 grid, 2 seeds,
+    mean over seeds) on the package GPT (``lab.gpt_family``, depth 4) after the same number of steps,
+    and its difference to the standard quintic's."""
+    from spectral_optax import lab
+
+    quick = args.quick
+    width, context, batch, steps = (32, 32, 8, 30) if quick else (64, 32, 8, 120)
+    seeds = [0] if quick else [0, 1]
+    data = lab.text(context=context, sequence=True)
+    family = lab.gpt_family(data, width=width)
+    only = [m.strip() for m in args.only.split(",")] if getattr(args, "only", None) else None
+    out = {}
+    for name, (factory, center) in training_methods().items():
+        if only and name not in only:
+            continue
+        grid = lab.lr_grid(center, 3)
+        res = lab.sweep(family, factory, sizes=[4], lrs=grid, data=data, steps=steps, batch_size=batch,
+                        seeds=seeds, name=name, size_name="depth", progress=False, schedule="warmup_cosine",
+                        eval_examples=256)
+        val = res.summary("val_loss")
+        per_lr = {}
+        for r in res.runs:
+            per_lr.setdefault(float(r["lr"]), []).append(float(r["val_loss"]))
+        out[name] = {"lrs": grid, "val_loss_by_lr": {k: float(np.mean(v)) for k, v in sorted(per_lr.items())},
+                     "val_loss_by_lr_per_seed": {k: v for k, v in sorted(per_lr.items())},
+                     "best_lr": val["best_lr_grid"][4], "val_loss_at_best": val["loss_at_best"][4],
+                     "at_edge": bool(val["at_edge"]), "diverged": val["diverged"][4]}
+        print(f"  {name:<46} best LR {out[name]['best_lr']:.3g}  val {out[name]['val_loss_at_best']:.4f}  "
+              f"by LR {out[name]['val_loss_by_lr']}", flush=True)
+    ref = out.get("quintic 5", {}).get("val_loss_at_best")
+    for v in out.values():
+        v["minus_quintic5"] = None if ref is None else v["val_loss_at_best"] - ref
+        v["within_0.01"] = None if ref is None else v["val_loss_at_best"] - ref <= 0.01
+    payload = {"command": "python -m benchmarks.optimizer_speed --preset training" + (" --quick" if quick else ""),
+               "environment": environment(), "depth": 4, "width": width, "context": context, "batch_size": batch,
+               "steps": steps, "seeds": seeds, "methods": out}
+    write_json(args.json, payload)
+    return payload
+
+
 def main(argv=None):
     p = parser(__doc__.splitlines()[0])
     p.add_argument(
@@ -661,15 +741,18 @@ def main(argv=None):
     p.add_argument(
         "--preset",
         default="cpu",
-        choices=("cpu", "gpu", "methods"),
+        choices=("cpu", "gpu", "methods", "training"),
         help="cpu (default): the 2-core presets; gpu: GPT-style trees sized for one accelerator; "
-        "methods: orthogonalization methods side by side (issue 22)",
+        "methods: orthogonalization methods side by side (issue 22); training: a short GPT run per method",
     )
+    p.add_argument("--only", default=None, help="methods / training presets: comma-separated method names")
     args = p.parse_args(argv)
     if args.preset == "gpu":
         return main_gpu(args)
     if args.preset == "methods":
         return run_methods(args)
+    if args.preset == "training":
+        return run_training(args)
     reps = args.reps or (3 if args.quick else 7)
     if args.quick:
         trees = [("small (quick)", 256, 4), ("tiny (quick)", 128, 4)]

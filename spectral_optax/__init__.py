@@ -33,6 +33,7 @@ from spectral_optax._depth import (
 from spectral_optax._describe import describe
 from spectral_optax._duals.polar import (
     MUON_QUINTIC,
+    POWER3_COEFFICIENTS,
     YOU_COEFFICIENTS,
     newton_schulz,
     optimal_quintic,
@@ -144,6 +145,7 @@ __all__ = [
     "lp_dual_direction",
     "row_normalize",
     "MUON_QUINTIC",
+    "POWER3_COEFFICIENTS",
     "YOU_COEFFICIENTS",
     "newton_schulz",
     "optimal_quintic",

@@ -527,7 +527,7 @@ def test_half_precision_defaults_hold_the_quintic_band(dtype, method):
             assert resid < 0.3, resid
 
 
-@pytest.mark.parametrize("preconditioning", ["schatten", "aol"])
+@pytest.mark.parametrize("preconditioning", ["schatten", "aol", "power"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_preconditioned_zero_and_extreme_scales_stay_finite(preconditioning, dtype):
     rng = np.random.default_rng(12)
@@ -538,3 +538,50 @@ def test_preconditioned_zero_and_extreme_scales_stay_finite(preconditioning, dty
         y = np.asarray(newton_schulz(x, compute_dtype=dtype, preconditioning=preconditioning, method="gram"))
         assert np.all(y[0] == 0) and np.all(np.isfinite(y))
         assert np.all(y[1, 3] == 0)
+
+
+# ----------------------------------------------------------------- 'power' start, 'power3'
+def test_power3_table_range_float64():
+    # The table's design claim, in float64: [1e-2 / POWER_SAFETY, 1.03] -> [0.638, 1.176].
+    l = 1e-2 / ns_mod.POWER_SAFETY
+    y = _compose(ns_mod.POWER3_COEFFICIENTS, np.concatenate([np.geomspace(l, 1, 20001), np.linspace(1, 1.03, 301)]))
+    assert 0.6378 <= y.min() and y.max() <= 1.1759, (y.min(), y.max())
+    assert ns_mod.resolve_coefficients("power3") == (ns_mod.POWER3_COEFFICIENTS, 1.0)
+    assert ns_mod.default_preconditioning("power3") == "power"
+
+
+@pytest.mark.parametrize("method", ["standard", "gram"])
+def test_power_start_normalizes_by_the_estimate_float64_reference(method):
+    # Spectra whose top is separated (ratio 0.5: 10 power steps on A^2 give sigma_max to ~1e-12), so
+    # the normalization is min(||G||_S8, POWER_SAFETY sigma_max), known in float64: the result must be
+    # U p(S / N) V^T with p the composed 'power3' polynomial.
+    rng = np.random.default_rng(13)
+    for shape, top in (((24, 72), [1.0]), ((72, 24), [1.0, 1.0]), ((48, 48), [1.0, 1.0, 1.0])):
+        k = min(shape)
+        u, _ = np.linalg.qr(rng.normal(size=(shape[0], k)))
+        v, _ = np.linalg.qr(rng.normal(size=(shape[1], k)))
+        s = np.concatenate([top, np.logspace(np.log10(0.5), -2, k - len(top))])
+        g = (u * s) @ v.T * 37.0
+        n_ref = min(np.sum(s**8) ** 0.125, ns_mod.POWER_SAFETY * s[0])
+        want = _compose(ns_mod.POWER3_COEFFICIENTS, s / n_ref)
+        y = np.asarray(newton_schulz(jnp.asarray(g, jnp.float32), "power3", compute_dtype=jnp.float32,
+                                     method=method), np.float64)
+        np.testing.assert_allclose(u.T @ y @ v, np.diag(want), atol=3e-4, err_msg=str(shape))
+
+
+def test_power_start_holds_its_band_f32_and_counts_matvecs():
+    # Gaussian (no spectral gap: the estimate's worst case), conditioned and rank-deficient matrices;
+    # float32 at HIGHEST: the table's own range [0.638, 1.176] up to round-off (measured over seeds 0-4:
+    # [0.63786, 1.17580], mixing < 1e-4; default ISA and XLA_FLAGS=--xla_cpu_max_isa=AVX2 alike).
+    rng = np.random.default_rng(14)
+    mats = [rng.normal(size=(96, 96)), rng.normal(size=(32, 128)), _random_matrix(rng, 128, 32, 1e4),
+            rng.normal(size=(64, 3)) @ rng.normal(size=(3, 64))]
+    for g in mats:
+        y = newton_schulz(jnp.asarray(g, jnp.float32), "power3", compute_dtype=jnp.float32)
+        s, d, resid = _singular_values_on_input_basis(g, np.asarray(y, np.float64))
+        keep = s >= 1e-2 * s[0]
+        assert 0.636 <= d[keep].min() and d[keep].max() <= 1.178, (g.shape, d[keep].min(), d[keep].max())
+        assert resid < 5e-3
+    m, n = 768, 3072
+    assert ns_mod.newton_schulz_flops(m, n, 3, preconditioning="power") == (
+        ns_mod.newton_schulz_flops(m, n, 3) + ns_mod.POWER_ITERATIONS * 2 * m * m)

@@ -21,6 +21,9 @@ result is ``U p_K(...p_1(S)) V^T``. Coefficient schedules:
 * :data:`YOU_COEFFICIENTS` (``'you'``, optax's ``'dion'``): You's 5-step set;
 * ``'polar_express_schatten'``: the Polar Express construction on
   ``[3e-3, 1]``, 4 steps, for the Schatten-4-normalized start;
+* ``'power3'`` (:data:`POWER3_COEFFICIENTS`): 3 steps for the ``'power'``
+  start (normalized by a power-iteration estimate of the largest singular
+  value);
 * any user table ``[(a, b, c), ...]`` or a user function replacing the whole
   iteration.
 
@@ -68,6 +71,9 @@ import numpy as np
 __all__ = [
     "HALF_PRECISION_RESTART_EVERY",
     "MUON_QUINTIC",
+    "POWER3_COEFFICIENTS",
+    "POWER_ITERATIONS",
+    "POWER_SAFETY",
     "POLAR_EXPRESS_CUSHION",
     "POLAR_EXPRESS_L",
     "POLAR_EXPRESS_SAFETY",
@@ -115,7 +121,35 @@ POLAR_EXPRESS_SAFETY: float = 1.01
 SCHATTEN_POLAR_EXPRESS_L: float = 3e-3
 
 #: Preconditionings of the iteration's start (see :func:`newton_schulz`).
-PRECONDITIONINGS = ("frobenius", "schatten", "aol")
+PRECONDITIONINGS = ("frobenius", "schatten", "aol", "power")
+
+#: Power iterations on the first step's ``A^2`` that estimate the largest
+#: singular value for the ``'power'`` start (matrix-vector products only).
+#: Measured worst case, Gaussian matrices (no spectral gap) 768^2 to 2048^2
+#: and 1024 x 4096, float64: the estimate is at most 1.025x below sigma_max
+#: after 10 iterations (1.03x after 8, 1.06x after 4).
+POWER_ITERATIONS: int = 10
+
+#: The ``'power'`` start divides by ``min(||X||_{S_8}, POWER_SAFETY * estimate)``:
+#: an underestimate of sigma_max by up to this factor still gives
+#: ``sigma_max(X_0) <= 1``.
+POWER_SAFETY: float = 1.05
+
+#: ``'power3'``: three quintics for the ``'power'`` start. They maximize, in
+#: float64, the worst log-distance ``min(log(p(x) / 0.6), log(1.25 / p(x)))``
+#: of the composed polynomial from the band ``[0.6, 1.25]`` over ``x`` in
+#: ``[1e-2 / POWER_SAFETY, 1.03]`` (singular values down to 1e-2 of the
+#: largest after a normalization up to ``POWER_SAFETY`` too large, and up to
+#: 3% too small), by Nelder-Mead from the 3-step Polar Express table on that
+#: interval with its last row centred in the band. The composition maps that
+#: interval into ``[0.638, 1.176]`` (log-margin 0.061; the Polar Express start
+#: had 0.045); above ``x = 1.04`` it leaves the band (docs/math.md,
+#: "Orthogonalization at fewer flops").
+POWER3_COEFFICIENTS: tuple[Triple, ...] = (
+    (8.033912339860501, -21.77917737021943, 14.932846370798163),
+    (3.560245066179914, -2.5279315483912725, 0.47068370925965963),
+    (2.4876687825809993, -1.8771767599966456, 0.4297615808977452),
+)
 
 #: The Gram-space iteration with 10 mantissa bits (float16, TensorFloat-32)
 #: restarts from ``X`` every this many steps (``gram_restarts``; chosen
@@ -242,12 +276,14 @@ def auto_coefficients(compute_dtype: Any = None) -> str:
 
 def default_preconditioning(coefficients: Coefficients) -> str:
     """The preconditioning a coefficient spec is designed for: ``'schatten'``
-    for ``'polar_express_schatten'``, ``'frobenius'`` for every other."""
-    if isinstance(coefficients, str) and coefficients.lower().replace("-", "_") in (
-        "polar_express_schatten",
-        "pe_schatten",
-    ):
-        return "schatten"
+    for ``'polar_express_schatten'``, ``'power'`` for ``'power3'``,
+    ``'frobenius'`` for every other."""
+    if isinstance(coefficients, str):
+        name = coefficients.lower().replace("-", "_")
+        if name in ("polar_express_schatten", "pe_schatten"):
+            return "schatten"
+        if name == "power3":
+            return "power"
     return "frobenius"
 
 
@@ -260,7 +296,9 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
         ``'polar_express'`` (:func:`polar_express_coefficients` with ``steps``
         polynomials, default 8), ``'polar_express_schatten'`` (the same
         construction on ``[SCHATTEN_POLAR_EXPRESS_L, 1]``, default 4 steps,
-        for the Schatten-4-normalized start), ``'you'`` (alias ``'dion'``:
+        for the Schatten-4-normalized start), ``'power3'``
+        (:data:`POWER3_COEFFICIENTS`, default 3 steps, for the ``'power'``
+        start), ``'you'`` (alias ``'dion'``:
         :data:`YOU_COEFFICIENTS`, default 5 steps), one ``(a, b, c)`` triple
         (repeated ``steps`` times, default 5), a table ``[(a, b, c), ...]``
         (``steps`` defaults to its length; more steps repeat the last row), or
@@ -290,12 +328,15 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
             return polar_express_coefficients(int(steps or 8)), POLAR_EXPRESS_SAFETY
         if name in ("polar_express_schatten", "pe_schatten"):
             return polar_express_coefficients(int(steps or 4), l=SCHATTEN_POLAR_EXPRESS_L), POLAR_EXPRESS_SAFETY
+        if name == "power3":
+            first3 = list(POWER3_COEFFICIENTS[: int(steps or 3)])
+            return tuple(first3 + [first3[-1]] * (int(steps or 3) - len(first3))), 1.0
         if name in ("you", "dion"):
             first = list(YOU_COEFFICIENTS[: int(steps or 5)])
             return tuple(first + [first[-1]] * (int(steps or 5) - len(first))), 1.0
         raise ValueError(
             f"unknown coefficients {coefficients!r}; use 'auto', 'quintic', 'polar_express', "
-            "'polar_express_schatten', 'you', a table "
+            "'polar_express_schatten', 'power3', 'you', a table "
             "[(a, b, c), ...] or a function"
         )
     try:
@@ -350,8 +391,29 @@ def _apply(q, x, wide: bool, precision):
     return _dot(q, x, 2, 1, precision) if wide else _dot(x, q, 2, 1, precision)
 
 
+def _power_estimate(sq, iterations: int):
+    """Rayleigh-quotient lower estimate of ``lambda_max`` of each symmetric PSD ``sq`` (float32).
+
+    ``iterations`` power steps ``v <- sq v / ||sq v||`` from a fixed
+    pseudo-random start (the same for every call, so the result is
+    deterministic); each gives ``v^T sq v <= lambda_max`` and the largest is
+    returned. Matrix-vector products only: ``2 k^2`` flops each.
+    """
+    k = sq.shape[-1]
+    v = jax.random.normal(jax.random.key(0), (k,), sq.dtype)
+    v = jnp.broadcast_to(v / jnp.linalg.norm(v), sq.shape[:-1])
+    best = jnp.zeros(sq.shape[:-2], sq.dtype)
+    hp = jax.lax.Precision.HIGHEST
+    for _ in range(iterations):
+        w = jnp.einsum("bij,bj->bi", sq, v, precision=hp)
+        best = jnp.maximum(best, jnp.sum(v * w, axis=-1))
+        norm = jnp.linalg.norm(w, axis=-1, keepdims=True)
+        v = jnp.where(norm > 0, w / jnp.where(norm > 0, norm, 1), v)
+    return best
+
+
 def _precondition(x, preconditioning: str, safety: float, wide: bool, precision, psum):
-    """The iteration's start ``X_0`` and, when it was formed on the way, its Gram matrix ``A_0``.
+    """The iteration's start ``X_0`` and what was formed on the way: ``(X_0, A_0, A_0^2)``.
 
     ``x`` is Frobenius-normalized (``||x||_F = 1``) in the compute dtype. With
     ``A = x x^T`` on the Gram side (docs/math.md, "Orthogonalization at fewer flops"):
@@ -361,24 +423,61 @@ def _precondition(x, preconditioning: str, safety: float, wide: bool, precision,
       (``||A||_F^(1/2)`` is the Schatten-4 norm of ``x``, between its largest
       singular value and its Frobenius norm);
     * ``'aol'``: ``X_0 = D x / s``, ``A_0 = D A D / s^2`` with
-      ``D = diag(sum_j |A_ij|)^(-1/2)``, which gives ``||X_0||_2 <= 1 / s``.
+      ``D = diag(sum_j |A_ij|)^(-1/2)``, which gives ``||X_0||_2 <= 1 / s``;
+    * ``'power'``: with ``B = A / ||A||_F`` and its square ``B^2`` (the first
+      step's), ``mu = min(||B^2||_F^(1/2), POWER_SAFETY^2 rho^(1/2))``, ``rho``
+      the power-iteration estimate of ``lambda_max(B^2)``
+      (:func:`_power_estimate`, :data:`POWER_ITERATIONS` matrix-vector
+      products); ``X_0 = x / (s (||A||_F mu)^(1/2))``, ``A_0 = B / (s^2 mu)``,
+      ``A_0^2 = B^2 / (s^4 mu^2)``. ``mu^(1/2) ||A||_F^(1/2)`` is then at
+      most the Schatten-8 norm of ``x`` (an upper bound of sigma_max) and at
+      most ``POWER_SAFETY`` times sigma_max when the estimate is within that
+      factor.
 
-    The scale factors are computed in float32 from the compute-dtype ``A``;
-    ``A_0`` serves as the first step's Gram matrix, so neither adds a matmul.
+    The scale factors are computed in float32 from the compute-dtype ``A``
+    (and ``B^2``); ``A_0`` (and ``A_0^2``) serve the first step, so none adds a
+    matmul.
     """
     if preconditioning == "frobenius":
-        return (x / safety).astype(x.dtype) if safety != 1 else x, None
+        return ((x / safety).astype(x.dtype) if safety != 1 else x), None, None
     gram = _form_gram(x, wide, precision, psum)
     g32 = gram.astype(jnp.promote_types(gram.dtype, jnp.float32))
-    if preconditioning == "schatten":
+    if preconditioning in ("schatten", "power"):
         t = jnp.sqrt(jnp.sum(jnp.square(g32), axis=(1, 2), keepdims=True))
-        inv = jnp.where(t > 0, 1 / jnp.where(t > 0, t, 1), 0) / safety**2
-        x0 = x.astype(g32.dtype) * jnp.sqrt(inv)
-        return x0.astype(x.dtype), (g32 * inv).astype(gram.dtype)
+        inv = jnp.where(t > 0, 1 / jnp.where(t > 0, t, 1), 0)
+        if preconditioning == "schatten":
+            inv = inv / safety**2
+            x0 = x.astype(g32.dtype) * jnp.sqrt(inv)
+            return x0.astype(x.dtype), (g32 * inv).astype(gram.dtype), None
+        b = (g32 * inv).astype(gram.dtype)
+        sq = _dot(b, b, 2, 1, precision)
+        sq32 = sq.astype(g32.dtype)
+        s8 = jnp.sqrt(jnp.sqrt(jnp.sum(jnp.square(sq32), axis=(1, 2))))
+        mu = jnp.minimum(s8, POWER_SAFETY**2 * jnp.sqrt(_power_estimate(sq32, POWER_ITERATIONS)))
+        mu = (mu * safety**2)[:, None, None]
+        rmu = jnp.where(mu > 0, 1 / jnp.where(mu > 0, mu, 1), 0)
+        x0 = x.astype(g32.dtype) * jnp.sqrt(inv * rmu)
+        gram0 = (b.astype(g32.dtype) * rmu).astype(gram.dtype)
+        return x0.astype(x.dtype), gram0, (sq32 * jnp.square(rmu)).astype(gram.dtype)
     rows = jnp.sum(jnp.abs(g32), axis=2)  # (B, k): row sums of |A|
     d = jnp.where(rows > 0, jax.lax.rsqrt(jnp.where(rows > 0, rows, 1)), 0) / safety
     x0 = x.astype(g32.dtype) * (d[:, :, None] if wide else d[:, None, :])
-    return x0.astype(x.dtype), (g32 * d[:, :, None] * d[:, None, :]).astype(gram.dtype)
+    return x0.astype(x.dtype), (g32 * d[:, :, None] * d[:, None, :]).astype(gram.dtype), None
+
+
+def _first_step(x, table, wide: bool, precision, gram0, sq0):
+    """The first step from a start whose ``A_0`` and ``A_0^2`` were formed by the
+    preconditioning, ``X_1 = a X_0 + (b A_0 + c A_0^2) X_0``, rounded to the
+    compute dtype once: the polynomial is summed and ``a X_0`` added in float32
+    (in bfloat16 the separately rounded terms, ``a ~ 8`` against a sum ``~ 1``,
+    put the largest singular values 0.6% high after this step and 0.6 high
+    after three; docs/benchmarks.md). Returns ``X_1`` and the remaining rows."""
+    a, b, c = table[0]
+    f32 = jnp.promote_types(x.dtype, jnp.float32)
+    poly = (b * gram0.astype(f32) + c * sq0.astype(f32)).astype(x.dtype)
+    lhs, rhs = (poly, x) if wide else (x, poly)  # P X (wide) or X P (tall), as ``_apply``
+    px = jax.lax.dot_general(lhs, rhs, (((2,), (1,)), ((0,), (0,))), precision=precision, preferred_element_type=f32)
+    return (a * x.astype(f32) + px).astype(x.dtype), table[1:]
 
 
 def _standard(x, table, wide: bool, precision, axis_name=None, gram0=None):
@@ -402,7 +501,7 @@ def _standard(x, table, wide: bool, precision, axis_name=None, gram0=None):
     return x
 
 
-def _gram(x, table, wide: bool, precision, restarts: Sequence[int] = (), gram0=None):
+def _gram(x, table, wide: bool, precision, restarts: Sequence[int] = (), gram0=None, sq0=None):
     """Gram-space iteration: iterate on the small Gram matrix, apply to X at the end of each segment.
 
     With ``R_0 = X X^T`` (short side) every ``R_k`` and every step polynomial
@@ -415,7 +514,7 @@ def _gram(x, table, wide: bool, precision, restarts: Sequence[int] = (), gram0=N
     round-off (lost symmetry, spurious eigenvalues) accumulated in ``R`` and
     ``Q``. Flops for an ``m x n`` matrix (``m <= n``), ``K`` steps in ``j``
     segments: ``j 4 m^2 n + 2 m^3 (4 K - 3 j)`` (:func:`newton_schulz_flops`).
-    ``gram0``: ``R_0`` when the preconditioning formed it.
+    ``gram0``: ``R_0`` when the preconditioning formed it (``sq0``: ``R_0^2``, too).
     """
     ident = lambda a: a
     gram = gram0 if gram0 is not None else _form_gram(x, wide, precision, ident)
@@ -426,7 +525,8 @@ def _gram(x, table, wide: bool, precision, restarts: Sequence[int] = (), gram0=N
         if i in restarts and q is not None:
             x = _apply(q, x, wide, precision)
             gram, q = _form_gram(x, wide, precision, ident), None
-        poly = a * eye + b * gram + c * _dot(gram, gram, 2, 1, precision)
+        square = sq0 if i == 0 and sq0 is not None else _dot(gram, gram, 2, 1, precision)
+        poly = a * eye + b * gram + c * square
         q = poly if q is None else _dot(poly, q, 2, 1, precision)
         if i < last and i + 1 not in restarts:
             gram = _dot(_dot(gram, poly, 2, 1, precision), poly, 2, 1, precision)
@@ -551,19 +651,32 @@ def _use_gram(method: str, m: int, n: int, steps: int, dtype, precision: Any = N
     return newton_schulz_method(m, n, steps, dtype, method, precision) == "gram"
 
 
-def newton_schulz_flops(m: int, n: int, steps: int, method: str = "standard", *, restarts: Sequence[int] = ()) -> int:
+def newton_schulz_flops(
+    m: int, n: int, steps: int, method: str = "standard", *, restarts: Sequence[int] = (), preconditioning: str = ""
+) -> int:
     """Matmul flops of one ``m x n`` orthogonalization (2 flops per multiply-add).
 
     Standard: ``steps * (4 s^2 l + 2 s^3)``; Gram-space in ``j = 1 +
     len(restarts)`` segments: ``j 4 s^2 l + 2 s^3 (4 steps - 3 j)``, with ``s
     = min(m, n)``, ``l = max(m, n)``. The preconditionings add no matmul (the
-    Gram matrix they form is the first step's).
+    Gram matrix they form is the first step's, and ``'power'``'s square too);
+    ``preconditioning='power'`` adds its :data:`POWER_ITERATIONS`
+    matrix-vector products, ``2 s^2`` flops each.
+
+    Args:
+      m: rows.
+      n: columns.
+      steps: iterations.
+      method: ``'standard'`` or ``'gram'``.
+      restarts: the Gram-space restart steps (``gram_restarts``).
+      preconditioning: the start's preconditioning (only ``'power'`` adds flops).
     """
     s, l = min(m, n), max(m, n)
+    extra = POWER_ITERATIONS * 2 * s * s if preconditioning == "power" else 0
     if method == "gram":
         j = 1 + len([i for i in restarts if 0 < i < steps])
-        return j * 4 * s * s * l + 2 * s**3 * max(4 * steps - 3 * j, 1)
-    return steps * (4 * s * s * l + 2 * s**3)
+        return j * 4 * s * s * l + 2 * s**3 * max(4 * steps - 3 * j, 1) + extra
+    return steps * (4 * s * s * l + 2 * s**3) + extra
 
 
 def default_compute_dtype():
@@ -612,7 +725,8 @@ def newton_schulz(
         bfloat16 / float16), ``'quintic'`` (:data:`MUON_QUINTIC`, 5 steps),
         ``'polar_express'`` (:func:`polar_express_coefficients`, 8 steps by
         default), ``'polar_express_schatten'`` (4 steps, for the
-        Schatten-4-normalized start), ``'you'`` (alias ``'dion'``,
+        Schatten-4-normalized start), ``'power3'`` (3 steps, for the
+        ``'power'`` start: float32 / float16 only, see docs/benchmarks.md), ``'you'`` (alias ``'dion'``,
         :data:`YOU_COEFFICIENTS`, 5 steps), an ``(a, b, c)`` triple, a table
         of triples (see ``resolve_coefficients``), or a function
         ``f(x) -> x`` replacing the normalization and iteration altogether,
@@ -660,7 +774,11 @@ def newton_schulz(
         or ``'aol'`` (``D G / ||G||_F`` with ``D`` the inverse square roots
         of the row sums of ``|A|``, ``A`` the normalized Gram matrix;
         Turbo-Muon), the last two reusing their Gram matrix as the first
-        step's. ``'aol'`` rescales rows, so its result approximates the polar
+        step's, or ``'power'`` (``G / min(||G||_{S_8}, POWER_SAFETY *
+        estimate)``, the estimate of the largest singular value from
+        :data:`POWER_ITERATIONS` power steps on the first step's ``A^2``:
+        matrix-vector products only; made for ``'power3'``, whose first step it
+        also rounds once). ``'aol'`` rescales rows, so its result approximates the polar
         factor of ``D G``, not of ``G``: close to orthogonal, on slightly
         different singular vectors.
       restarts: Gram-space method only: step indices at which ``X`` is
@@ -737,13 +855,25 @@ def newton_schulz(
     if axis_name is not None:
         wide = sharded_axis == -1
         psum = lambda a: jax.lax.psum(a, axis_name)
-        xc, gram0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, psum)
+        xc, gram0, sq0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, psum)
+        if sq0 is not None:
+            xc, table = _first_step(xc, table, wide, prec, gram0, sq0)
+            gram0 = None
         y = _standard(xc, table, wide, prec, axis_name, gram0)
         return y.astype(out_dtype).reshape(x.shape)
     wide = m <= n
-    xc, gram0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: a)
-    if _use_gram(method, m, n, steps_, cdtype, prec):
-        y = _gram(xc, table, wide, prec, gram_restarts(steps_, cdtype, prec, restarts), gram0)
+    xc, gram0, sq0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: a)
+    use_gram = _use_gram(method, m, n, steps_, cdtype, prec)
+    rs = gram_restarts(steps_, cdtype, prec, restarts) if use_gram else ()
+    if sq0 is not None and (not use_gram or 1 in rs or steps_ == 1):
+        # The first step in X-space (its products are formed already); a restart at 1 is this.
+        xc, table = _first_step(xc, table, wide, prec, gram0, sq0)
+        gram0 = sq0 = None
+        rs = tuple(i - 1 for i in rs if i > 1)
+    if not table:
+        y = xc
+    elif use_gram:
+        y = _gram(xc, table, wide, prec, rs, gram0, sq0)
     else:
         y = _standard(xc, table, wide, prec, gram0=gram0)
     return y.astype(out_dtype).reshape(x.shape)

@@ -151,7 +151,7 @@ def muon(
       compute_dtype: Newton-Schulz dtype; ``None``: float32 on CPU, bfloat16 on
         GPU/TPU.
       ns_preconditioning: ``None`` (the coefficients' own), ``'frobenius'``,
-        ``'schatten'`` or ``'aol'`` (see :func:`spectral_optax.newton_schulz`).
+        ``'schatten'``, ``'aol'`` or ``'power'`` (see :func:`spectral_optax.newton_schulz`).
       after_orthogonalize: a transformation applied to the orthogonalized
         update of every Muon-routed leaf, before weight decay and the learning
         rate (:func:`spectral_optax.normuon` passes its neuron-wise

@@ -90,7 +90,7 @@ def normuon(
       ns_coefficients: Newton-Schulz coefficients (``'auto'``: by compute dtype).
       ns_steps: Newton-Schulz steps (default from the coefficients).
       ns_method: ``'auto'``, ``'standard'`` or ``'gram'``.
-      ns_preconditioning: ``None``, ``'frobenius'``, ``'schatten'`` or ``'aol'``.
+      ns_preconditioning: ``None``, ``'frobenius'``, ``'schatten'``, ``'aol'`` or ``'power'``.
       compute_dtype: Newton-Schulz dtype (``None``: float32 on CPU, bfloat16
         on GPU/TPU).
       embedding: route of embedding tables (``'adamw'``, ``'normalize'``,

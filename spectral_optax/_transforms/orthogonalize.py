@@ -139,7 +139,7 @@ def orthogonalize_via_newton_schulz(
       ns_coefficients: ``'auto'`` (default: ``'quintic'`` for float32
         compute, ``'polar_express_schatten'`` for bfloat16 / float16),
         ``'quintic'`` (Muon's, 5 steps), ``'polar_express'`` (8 steps by
-        default), ``'polar_express_schatten'`` (4 steps), ``'you'`` (5
+        default), ``'polar_express_schatten'`` (4 steps), ``'power3'`` (3 steps), ``'you'`` (5
         steps), an ``(a, b, c)`` triple, a table or a function ``(batch,
         d_in, d_out) -> (batch, d_in, d_out)`` replacing the iteration; see
         :func:`spectral_optax.newton_schulz`.
@@ -166,7 +166,7 @@ def orthogonalize_via_newton_schulz(
         whole and cut back to its block. ``None``: each block is taken for a
         whole matrix (right for replicated, data-parallel parameters).
       ns_preconditioning: ``None`` (the coefficients' own), ``'frobenius'``,
-        ``'schatten'`` or ``'aol'``: the scaling of the iteration's start, see
+        ``'schatten'``, ``'aol'`` or ``'power'``: the scaling of the iteration's start, see
         :func:`spectral_optax.newton_schulz` and docs/math.md, "Orthogonalization at fewer flops".
 
     Returns:
