@@ -660,7 +660,7 @@ def newton_schulz_flops(
     len(restarts)`` segments: ``j 4 s^2 l + 2 s^3 (4 steps - 3 j)``, with ``s
     = min(m, n)``, ``l = max(m, n)``. The preconditionings add no matmul (the
     Gram matrix they form is the first step's, and ``'power'``'s square too);
-    ``preconditioning='power'`` adds its :data:`POWER_ITERATIONS`
+    ``preconditioning='power'`` adds its ``POWER_ITERATIONS`` (10)
     matrix-vector products, ``2 s^2`` flops each.
 
     Args:
@@ -776,7 +776,7 @@ def newton_schulz(
         Turbo-Muon), the last two reusing their Gram matrix as the first
         step's, or ``'power'`` (``G / min(||G||_{S_8}, POWER_SAFETY *
         estimate)``, the estimate of the largest singular value from
-        :data:`POWER_ITERATIONS` power steps on the first step's ``A^2``:
+        ``POWER_ITERATIONS`` (10) power steps on the first step's ``A^2``:
         matrix-vector products only; made for ``'power3'``, whose first step it
         also rounds once). ``'aol'`` rescales rows, so its result approximates the polar
         factor of ``D G``, not of ``G``: close to orthogonal, on slightly
