@@ -348,25 +348,26 @@ def test_geometry_override_equals_separate_dense_layers(name):
     """A stacked (3, 4, 5) leaf declared by override equals three separate 4 -> 5 Dense kernels.
 
     Without the override the leaf would take the element-wise fallback, so an optimizer that
-    dropped its ``geometry=`` argument anywhere fails here.
+    dropped its ``geometry=`` argument anywhere fails here. The separate layers are named
+    ``layer{i}``: default names (``Dense_0 .. Dense_2``) would make the last one the guessed read-out.
     """
     make = {"muon": so.muon, "moga": so.moga, "spectral_sgd": so.spectral_sgd, "mup_sgd": so.mup_sgd,
             "mup_adamw": so.mup_adamw, "rescaled_adamw": so.rescaled_adamw}[name]
     rng = np.random.default_rng(11)
     w = rng.standard_normal((3, 4, 5))
     stacked = {"blocks": {"w": w}}
-    separate = {f"Dense_{i}": {"kernel": w[i]} for i in range(3)}
+    separate = {f"layer{i}": {"kernel": w[i]} for i in range(3)}
     override = {r"blocks/w$": {"kind": "matrix", "fan_in_axes": (1,), "fan_out_axes": (2,)}}
     kw_stacked, kw_separate = {}, {}
     if name.startswith("mup"):  # a base at another width, read through the same override
         kw_stacked = {"base": {"blocks": {"w": np.zeros((3, 2, 5))}}}
-        kw_separate = {"base": {f"Dense_{i}": {"kernel": np.zeros((2, 5))} for i in range(3)}}
+        kw_separate = {"base": {f"layer{i}": {"kernel": np.zeros((2, 5))} for i in range(3)}}
     gs = [rng.standard_normal((3, 4, 5)) for _ in range(3)]
     got = run(make(0.01, geometry=override, **kw_stacked), stacked, [{"blocks": {"w": g}} for g in gs])
-    want = run(make(0.01, **kw_separate), separate, [{f"Dense_{i}": {"kernel": g[i]} for i in range(3)} for g in gs])
+    want = run(make(0.01, **kw_separate), separate, [{f"layer{i}": {"kernel": g[i]} for i in range(3)} for g in gs])
     for a, b in zip(got, want):
         for i in range(3):
-            np.testing.assert_allclose(a["blocks"]["w"][i], b[f"Dense_{i}"]["kernel"], rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(a["blocks"]["w"][i], b[f"layer{i}"]["kernel"], rtol=1e-5, atol=1e-7)
 
 
 # ----------------------------------------------------------------- tests added for surviving mutants
