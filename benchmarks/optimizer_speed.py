@@ -487,6 +487,7 @@ METHODS = {
     "polar_express_schatten 4 + aol": ("polar_express_schatten", 4, "aol"),
     "polar_express_schatten 3": ("polar_express_schatten", 3, "schatten"),
     "power3": ("power3", 3, "power"),
+    "power4": ("power4", 4, "power"),
     "quintic 3 + power": ("quintic", 3, "power"),
 }
 DTYPES = ("bfloat16", "float16", "float32")
@@ -530,27 +531,40 @@ def gpt_gradients(d=768, blocks=2, batch=8, seq=64, steps=4, seed=0):
 
 
 def _shapes_gpt2_small():
-    """(m, n, count) of GPT-2 small's orthogonalized matrices: the benchmark's hidden-kernel tree
-    (fused qkv) and the package GPT (split q/k/v, out, MLP, the 768 x 50257 head)."""
+    """(m, n, count) of GPT-2 small's orthogonalized matrices, as the geometry cuts them (the fused
+    qkv kernel of the hidden-kernel tree is three d x d matrices): the benchmark's hidden-kernel tree
+    and the package GPT (split q/k/v, out, MLP, the 768 x 50257 head)."""
     d, blocks = 768, 12
-    hidden = [(d, 3 * d, blocks), (d, d, blocks), (d, 4 * d, blocks), (4 * d, d, blocks)]
+    geoms = jax.tree.leaves(so.as_geometry_map(None).tree(hidden_kernel_tree(d, blocks)),
+                            is_leaf=lambda g: isinstance(g, so.Geometry))
+    counts: dict = {}
+    for g in geoms:
+        counts[(g.d_in, g.d_out)] = counts.get((g.d_in, g.d_out), 0) + g.num_slices
+    hidden = [(m, n, c) for (m, n), c in counts.items()]
     model = [(d, d, 4 * blocks), (d, 4 * d, blocks), (4 * d, d, blocks), (d, 50257, 1)]
     return {"hidden_kernels": hidden, "gpt2_small_model": model}
 
 
 def method_flops(coef, steps, dtype, method="auto", preconditioning=None):
     """Counted flops of one orthogonalization per tree, and the ratio to 5 standard quintic steps
-    (``'power'``'s matrix-vector products included; ``matvec_flops`` says how many of them)."""
-    prec = preconditioning or _ns.default_preconditioning(coef)
+    (``'power'``'s matrix-vector products included; ``matvec_flops`` says how many of them).
+    ``coef='auto'``: each matrix's own default (``auto_schedule``; ``steps`` is then ignored)."""
     out = {}
     for tree, shapes in _shapes_gpt2_small().items():
         total = base = matvec = 0
         for m, n, count in shapes:
-            chosen = _ns.newton_schulz_method(m, n, steps, jnp.dtype(dtype), method)
-            restarts = _ns.gram_restarts(steps, jnp.dtype(dtype)) if chosen == "gram" else ()
-            flops = _ns.newton_schulz_flops(m, n, steps, chosen, restarts=restarts, preconditioning=prec)
+            c, k, meth, restarts = coef, steps, method, None
+            if coef == "auto":
+                c, meth, restarts = _ns.auto_schedule(m, n, jnp.dtype(dtype))
+                k = len(_ns.resolve_coefficients(c)[0])
+            prec = preconditioning or _ns.default_preconditioning(c)
+            chosen = _ns.newton_schulz_method(m, n, k, jnp.dtype(dtype), meth)
+            if chosen == "gram":
+                restarts = _ns.gram_restarts(k, jnp.dtype(dtype), restarts=restarts)
+            restarts = restarts if chosen == "gram" else ()
+            flops = _ns.newton_schulz_flops(m, n, k, chosen, restarts=restarts, preconditioning=prec)
             total += count * flops
-            matvec += count * (flops - _ns.newton_schulz_flops(m, n, steps, chosen, restarts=restarts))
+            matvec += count * (flops - _ns.newton_schulz_flops(m, n, k, chosen, restarts=restarts))
             base += count * _ns.newton_schulz_flops(m, n, 5, "standard")
         out[tree] = {"flops": total, "ratio_to_quintic5": total / base, "matvec_flops": matvec,
                      "matmul_ratio_to_quintic5": (total - matvec) / base}
@@ -605,12 +619,13 @@ def run_methods(args):
                 print(f"  {name:<32} {dtype:<9} {method:<8} flops x{fl['hidden_kernels']:.3f}"
                       f"/x{fl['gpt2_small_model']:.3f}  "
                       + "  ".join(f"[{r['min']:.3f}, {r['max']:.3f}] mix {r['resid']:.3f}" for r in q), flush=True)
-    # The defaults of each compute dtype ('auto' coefficients, preconditioning and method).
+    # The defaults of each compute dtype ('auto' coefficients, preconditioning and method; in half
+    # precision they depend on the matrix's shape, auto_schedule).
     defaults = {}
     for dtype in DTYPES:
-        coef = _ns.auto_coefficients(jnp.dtype(dtype))
-        steps = len(_ns.resolve_coefficients(coef)[0])
-        defaults[dtype] = {"coefficients": coef, "steps": steps, "flops": method_flops(coef, steps, dtype),
+        coef = "/".join(sorted({_ns.auto_schedule(*sh, jnp.dtype(dtype))[0] for sh in ((768, 768), (768, 3072))}))
+        steps = len(_ns.resolve_coefficients(_ns.auto_coefficients(jnp.dtype(dtype)))[0])
+        defaults[dtype] = {"coefficients": coef, "steps": steps, "flops": method_flops("auto", None, dtype),
                            **{n: _quality(sets[n], bases[n], compute_dtype=dtype) for n in sets}}
         print(f"  default[{dtype}]: {coef} {steps} steps, flops x"
               f"{defaults[dtype]['flops']['hidden_kernels']['ratio_to_quintic5']:.3f} (hidden kernels), x"

@@ -71,7 +71,9 @@ import numpy as np
 __all__ = [
     "HALF_PRECISION_RESTART_EVERY",
     "MUON_QUINTIC",
+    "AUTO_GRAM_ASPECT",
     "POWER3_COEFFICIENTS",
+    "POWER4_COEFFICIENTS",
     "POWER_ITERATIONS",
     "POWER_SAFETY",
     "POLAR_EXPRESS_CUSHION",
@@ -81,6 +83,7 @@ __all__ = [
     "SCHATTEN_POLAR_EXPRESS_L",
     "YOU_COEFFICIENTS",
     "auto_coefficients",
+    "auto_schedule",
     "default_preconditioning",
     "gram_restarts",
     "newton_schulz",
@@ -150,6 +153,24 @@ POWER3_COEFFICIENTS: tuple[Triple, ...] = (
     (3.560245066179914, -2.5279315483912725, 0.47068370925965963),
     (2.4876687825809993, -1.8771767599966456, 0.4297615808977452),
 )
+
+#: ``'power4'``: four quintics for the ``'power'`` start, the Polar Express
+#: construction (:func:`polar_express_coefficients`, cushion 0.1, no safety
+#: factor) on ``[1e-2 / (POWER_SAFETY * 1.03), 1]`` with every polynomial's
+#: argument divided by 1.03, so that it covers ``[1e-2 / POWER_SAFETY, 1.03]``
+#: like :data:`POWER3_COEFFICIENTS`: float64 range ``[0.938, 1.027]`` there.
+#: The half-precision default of rectangular matrices (:func:`auto_schedule`).
+POWER4_COEFFICIENTS: tuple[Triple, ...] = (
+    (7.228817058908975, -16.881974838788487, 11.156013182177627),
+    (3.4095806650043747, -2.1350918062772806, 0.37832225857796686),
+    (2.7552838284777317, -1.9397317443162336, 0.40412588137076894),
+    (1.9548526773186243, -1.2780350181549587, 0.336356883098494),
+)
+
+#: Half-precision ``'auto'`` (:func:`auto_schedule`): matrices with
+#: ``max(m, n) >= AUTO_GRAM_ASPECT * min(m, n)`` get ``'power4'`` in Gram
+#: space with one restart, the others ``'power3'`` (standard iteration).
+AUTO_GRAM_ASPECT: float = 2.0
 
 #: The Gram-space iteration with 10 mantissa bits (float16, TensorFloat-32)
 #: restarts from ``X`` every this many steps (``gram_restarts``; chosen
@@ -260,29 +281,69 @@ def polar_express_coefficients(
     return tuple(table)
 
 
-def auto_coefficients(compute_dtype: Any = None) -> str:
-    """What ``coefficients='auto'`` means for a compute dtype.
+def auto_coefficients(compute_dtype: Any = None, shape: tuple[int, int] | None = None) -> str:
+    """What ``coefficients='auto'`` means for a compute dtype (and matrix shape).
 
     ``'quintic'`` (5 steps from the Frobenius-normalized start, as before)
-    for >= 32-bit compute (the CPU default); ``'polar_express_schatten'``
-    (4 steps from the Schatten-4-normalized start, with Gram-space restarts
-    on rectangular matrices: 0.61x the flops of 5 quintic steps on GPT-2
-    small's hidden kernels, docs/benchmarks.md) for bfloat16 / float16
-    compute (the GPU/TPU default).
+    for >= 32-bit compute (the CPU default). For bfloat16 / float16 compute
+    (the GPU/TPU default) it depends on the ``(m, n)`` ``shape``
+    (:func:`auto_schedule`): ``'power4'`` for rectangular matrices
+    (aspect ratio >= :data:`AUTO_GRAM_ASPECT`), ``'power3'`` otherwise
+    (and when ``shape`` is not given).
+
+    Args:
+      compute_dtype: the iteration's dtype (``None``: the backend's default).
+      shape: the matrix shape ``(m, n)``.
+    """
+    return auto_schedule(*(shape or (1, 1)), compute_dtype=compute_dtype)[0]
+
+
+def auto_schedule(m: int, n: int, compute_dtype: Any = None) -> tuple[str, str, tuple[int, ...] | None]:
+    """``(coefficients, method, restarts)`` that ``coefficients='auto'`` runs for an ``m x n`` matrix.
+
+    The one place where the default iteration is chosen from a matrix's shape
+    (docs/math.md, "Orthogonalization at fewer flops"; measured bands in
+    docs/benchmarks.md, "Orthogonalization methods"):
+
+    * >= 32-bit compute: ``('quintic', 'auto', None)``: 5 quintic steps,
+      :func:`newton_schulz_method` and :func:`gram_restarts` decide;
+    * bfloat16 / float16, ``max(m, n) < AUTO_GRAM_ASPECT * min(m, n)``:
+      ``('power3', 'standard', ())``: 3 standard steps from the ``'power'``
+      start, ``12 s^2 l + 6 s^3`` flops (``s = min(m, n)``, ``l = max(m, n)``);
+    * bfloat16 / float16, rectangular: ``('power4', 'gram', (1,))``: 4 steps
+      from the ``'power'`` start, the first one in ``X`` space and the other
+      three in Gram space (one restart, at step 1): ``8 s^2 l + 20 s^3``
+      flops, fewer than ``'power3'``'s from ``l / s > 3.5``. The first step
+      lifts every singular value that matters (``>= 1e-2 / POWER_SAFETY`` of
+      the largest) above 0.07, so their squares are resolved by a
+      half-precision Gram matrix.
+
+    Args:
+      m: rows.
+      n: columns.
+      compute_dtype: the iteration's dtype (``None``: the backend's default).
     """
     cdtype = jnp.dtype(compute_dtype if compute_dtype is not None else default_compute_dtype())
-    return "quintic" if cdtype.itemsize >= 4 else "polar_express_schatten"
+    if cdtype.itemsize >= 4:
+        return "quintic", "auto", None
+    if max(m, n) >= AUTO_GRAM_ASPECT * min(m, n):
+        return "power4", "gram", (1,)
+    return "power3", "standard", ()
 
 
 def default_preconditioning(coefficients: Coefficients) -> str:
     """The preconditioning a coefficient spec is designed for: ``'schatten'``
-    for ``'polar_express_schatten'``, ``'power'`` for ``'power3'``,
-    ``'frobenius'`` for every other."""
+    for ``'polar_express_schatten'``, ``'power'`` for ``'power3'`` and
+    ``'power4'``, ``'frobenius'`` for every other.
+
+    Args:
+      coefficients: a coefficient spec (see :func:`resolve_coefficients`).
+    """
     if isinstance(coefficients, str):
         name = coefficients.lower().replace("-", "_")
         if name in ("polar_express_schatten", "pe_schatten"):
             return "schatten"
-        if name == "power3":
+        if name in ("power3", "power4"):
             return "power"
     return "frobenius"
 
@@ -298,6 +359,7 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
         construction on ``[SCHATTEN_POLAR_EXPRESS_L, 1]``, default 4 steps,
         for the Schatten-4-normalized start), ``'power3'``
         (:data:`POWER3_COEFFICIENTS`, default 3 steps, for the ``'power'``
+        start), ``'power4'`` (:data:`POWER4_COEFFICIENTS`, 4 steps, the same
         start), ``'you'`` (alias ``'dion'``:
         :data:`YOU_COEFFICIENTS`, default 5 steps), one ``(a, b, c)`` triple
         (repeated ``steps`` times, default 5), a table ``[(a, b, c), ...]``
@@ -320,7 +382,7 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
         raise ValueError(f"steps must be >= 1, got {steps}")
     if isinstance(coefficients, str):
         name = coefficients.lower().replace("-", "_").replace(" ", "_")
-        if name == "auto":
+        if name == "auto":  # without a shape: the schedule of square matrices
             return resolve_coefficients(auto_coefficients(compute_dtype), steps)
         if name in ("quintic", "muon", "standard"):
             return (MUON_QUINTIC,) * int(steps or 5), 1.0
@@ -328,15 +390,16 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
             return polar_express_coefficients(int(steps or 8)), POLAR_EXPRESS_SAFETY
         if name in ("polar_express_schatten", "pe_schatten"):
             return polar_express_coefficients(int(steps or 4), l=SCHATTEN_POLAR_EXPRESS_L), POLAR_EXPRESS_SAFETY
-        if name == "power3":
-            first3 = list(POWER3_COEFFICIENTS[: int(steps or 3)])
-            return tuple(first3 + [first3[-1]] * (int(steps or 3) - len(first3))), 1.0
+        if name in ("power3", "power4"):
+            named = POWER3_COEFFICIENTS if name == "power3" else POWER4_COEFFICIENTS
+            first = list(named[: int(steps or len(named))])
+            return tuple(first + [first[-1]] * (int(steps or len(named)) - len(first))), 1.0
         if name in ("you", "dion"):
             first = list(YOU_COEFFICIENTS[: int(steps or 5)])
             return tuple(first + [first[-1]] * (int(steps or 5) - len(first))), 1.0
         raise ValueError(
             f"unknown coefficients {coefficients!r}; use 'auto', 'quintic', 'polar_express', "
-            "'polar_express_schatten', 'power3', 'you', a table "
+            "'polar_express_schatten', 'power3', 'power4', 'you', a table "
             "[(a, b, c), ...] or a function"
         )
     try:
@@ -720,13 +783,15 @@ def newton_schulz(
 
     Args:
       x: array of shape ``(..., m, n)``; leading axes are independent matrices.
-      coefficients: ``'auto'`` (default, ``auto_coefficients``:
-        ``'quintic'`` for >= 32-bit compute, ``'polar_express_schatten'`` for
-        bfloat16 / float16), ``'quintic'`` (:data:`MUON_QUINTIC`, 5 steps),
+      coefficients: ``'auto'`` (default, :func:`auto_schedule`:
+        ``'quintic'`` for >= 32-bit compute; for bfloat16 / float16 by the
+        matrix's shape, ``'power3'`` on square-ish matrices and ``'power4'``
+        with one Gram-space restart on rectangular ones; with ``axis_name``
+        the whole matrix's shape decides), ``'quintic'`` (:data:`MUON_QUINTIC`, 5 steps),
         ``'polar_express'`` (:func:`polar_express_coefficients`, 8 steps by
         default), ``'polar_express_schatten'`` (4 steps, for the
         Schatten-4-normalized start), ``'power3'`` (3 steps, for the
-        ``'power'`` start: float32 / float16 only, see docs/benchmarks.md), ``'you'`` (alias ``'dion'``,
+        ``'power'`` start), ``'power4'`` (4 steps, the same start), ``'you'`` (alias ``'dion'``,
         :data:`YOU_COEFFICIENTS`, 5 steps), an ``(a, b, c)`` triple, a table
         of triples (see ``resolve_coefficients``), or a function
         ``f(x) -> x`` replacing the normalization and iteration altogether,
@@ -751,7 +816,8 @@ def newton_schulz(
         ``compute_dtype`` has >= 32 bits with the matmuls at
         ``Precision.HIGHEST`` (e.g. aspect ratio ``max(m, n) / min(m, n) >=
         2.5`` for 5 steps), or it is float16 with at most 5 steps, with
-        restarts; never in bfloat16).
+        restarts; never in bfloat16; ``coefficients='auto'`` in half
+        precision sets its own, :func:`auto_schedule`).
       norm_safety: factor ``>= 1`` on the Frobenius norm; ``None``: 1.01 for
         ``'polar_express'`` (as published), 1 otherwise.
       precision: ``jax.lax.Precision`` (or string, or pair) of the matmuls;
@@ -784,7 +850,8 @@ def newton_schulz(
       restarts: Gram-space method only: step indices at which ``X`` is
         re-formed and its Gram matrix recomputed (``None``: the measured
         schedule of ``gram_restarts``: none at float32 / ``HIGHEST``,
-        every 2 steps in float16, all but the last two steps in bfloat16).
+        every 2 steps in float16, all but the last two steps in bfloat16;
+        ``(1,)`` for the half-precision ``'auto'`` default, :func:`auto_schedule`).
 
     Returns:
       Array of ``x``'s shape and dtype.
@@ -800,13 +867,20 @@ def newton_schulz(
         raise ValueError(f"method must be 'auto', 'standard' or 'gram', got {method!r}")
     out_dtype = x.dtype
     cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else default_compute_dtype()
+    *_lead, m, n = x.shape
+    auto_restarts: tuple[int, ...] | None = None
     if isinstance(coefficients, str) and coefficients.lower() == "auto":
-        coefficients = auto_coefficients(cdtype)
+        gm, gn = m, n  # the whole matrix's shape decides, also for a block of a split one
+        if axis_name is not None:
+            names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+            k = math.prod(jax.lax.axis_size(a) for a in names)
+            gm, gn = (m, n * k) if sharded_axis in (-1, x.ndim - 1) else (m * k, n)
+        coefficients, auto_method, auto_restarts = auto_schedule(gm, gn, cdtype)
+        method = auto_method if method == "auto" else method
     if preconditioning is None:
         preconditioning = default_preconditioning(coefficients)
     if preconditioning not in PRECONDITIONINGS:
         raise ValueError(f"preconditioning must be one of {PRECONDITIONINGS}, got {preconditioning!r}")
-    *_lead, m, n = x.shape
     xb = x.reshape((-1, m, n))
     if xb.shape[0] == 0 or m == 0 or n == 0:
         return jnp.zeros(x.shape, out_dtype)
@@ -864,6 +938,8 @@ def newton_schulz(
     wide = m <= n
     xc, gram0, sq0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: a)
     use_gram = _use_gram(method, m, n, steps_, cdtype, prec)
+    if restarts is None and auto_restarts is not None:
+        restarts = tuple(i for i in auto_restarts if i < steps_)
     rs = gram_restarts(steps_, cdtype, prec, restarts) if use_gram else ()
     if sq0 is not None and (not use_gram or 1 in rs or steps_ == 1):
         # The first step in X-space (its products are formed already); a restart at 1 is this.

@@ -47,6 +47,7 @@ from spectral_optax._duals.polar import (
     default_compute_dtype,
     newton_schulz,
     newton_schulz_method,
+    auto_schedule,
     resolve_coefficients,
 )
 from spectral_optax._geometry import (
@@ -253,10 +254,17 @@ def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, pre
     n_steps = None if callable(spec) else len(spec[0])
     cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else jnp.dtype(default_compute_dtype())
     plans = {}
+    auto = isinstance(coefficients, str) and coefficients.lower() == "auto"
     for (m, n), members in groups.items():
         dtype = jnp.dtype(jnp.result_type(*[flat[i][1].dtype for i, _ in members]))
         move = min(dtype.itemsize, cdtype.itemsize) if n_steps else dtype.itemsize
-        whole = newton_schulz_method(m, n, n_steps, cdtype, method, precision) if n_steps else "standard"
+        if auto:  # the shape's own default schedule (auto_schedule), as newton_schulz runs it
+            coef, auto_method, _ = auto_schedule(m, n, cdtype)
+            n_steps = len(resolve_coefficients(coef, steps)[0])
+            g_method = auto_method if method == "auto" else method
+        else:
+            g_method = method
+        whole = newton_schulz_method(m, n, n_steps, cdtype, g_method, precision) if n_steps else "standard"
         plans[(m, n)] = plan_group(
             m, n, sum(g.num_slices for _, g in members), devices, steps=n_steps, method=whole,
             compute_itemsize=cdtype.itemsize, move_itemsize=move,
