@@ -34,7 +34,9 @@ from spectral_optax._describe import describe
 from spectral_optax._duals.polar import (
     MUON_QUINTIC,
     POWER3_COEFFICIENTS,
+    POWER4_COEFFICIENTS,
     YOU_COEFFICIENTS,
+    auto_schedule,
     newton_schulz,
     optimal_quintic,
     polar_express_coefficients,
@@ -146,6 +148,8 @@ __all__ = [
     "row_normalize",
     "MUON_QUINTIC",
     "POWER3_COEFFICIENTS",
+    "POWER4_COEFFICIENTS",
+    "auto_schedule",
     "YOU_COEFFICIENTS",
     "newton_schulz",
     "optimal_quintic",

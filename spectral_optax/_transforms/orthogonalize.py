@@ -44,10 +44,10 @@ from jax.sharding import PartitionSpec as P
 from spectral_optax._duals.polar import (
     PRECONDITIONINGS,
     Coefficients,
+    auto_schedule,
     default_compute_dtype,
     newton_schulz,
     newton_schulz_method,
-    auto_schedule,
     resolve_coefficients,
 )
 from spectral_optax._geometry import (
@@ -138,9 +138,10 @@ def orthogonalize_via_newton_schulz(
         (``sqrt(max(1, d_out / d_in))``), ``'rms'`` (``0.2 sqrt(max(d_in,
         d_out))``), a number or a function ``geometry -> number``.
       ns_coefficients: ``'auto'`` (default: ``'quintic'`` for float32
-        compute, ``'polar_express_schatten'`` for bfloat16 / float16),
+        compute, ``'power4'`` for bfloat16 / float16, by shape:
+        :func:`spectral_optax.auto_schedule`),
         ``'quintic'`` (Muon's, 5 steps), ``'polar_express'`` (8 steps by
-        default), ``'polar_express_schatten'`` (4 steps), ``'power3'`` (3 steps), ``'you'`` (5
+        default), ``'polar_express_schatten'`` (4 steps), ``'power3'`` (3 steps), ``'power4'`` (4 steps), ``'you'`` (5
         steps), an ``(a, b, c)`` triple, a table or a function ``(batch,
         d_in, d_out) -> (batch, d_in, d_out)`` replacing the iteration; see
         :func:`spectral_optax.newton_schulz`.
