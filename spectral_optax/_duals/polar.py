@@ -24,6 +24,8 @@ result is ``U p_K(...p_1(S)) V^T``. Coefficient schedules:
 * ``'power3'`` (:data:`POWER3_COEFFICIENTS`): 3 steps for the ``'power'``
   start (normalized by a power-iteration estimate of the largest singular
   value);
+* ``'power4'`` (:data:`POWER4_COEFFICIENTS`): 4 steps for the same start,
+  the half-precision default;
 * any user table ``[(a, b, c), ...]`` or a user function replacing the whole
   iteration.
 
@@ -36,9 +38,9 @@ variant iterates on the ``m x m`` Gram matrix and multiplies by ``X`` once
 per segment. The start can be scaled by the Frobenius norm, the Schatten-4
 norm or AOL's diagonal (``preconditioning=``; docs/math.md, "Orthogonalization
 at fewer flops"), and the default coefficients depend on the compute dtype
-(``auto_coefficients``): 5 quintic steps in float32, 4
-``'polar_express_schatten'`` steps from the Schatten-4 start in bfloat16 /
-float16.
+(``auto_schedule``): 5 quintic steps in float32; in bfloat16 / float16 4
+``'power4'`` steps from the ``'power'`` start, in Gram space with one restart
+on rectangular matrices.
 
 Precision on accelerators (see ``resolve_precision``,
 ``newton_schulz_method``): the default compute dtype is bfloat16 on
@@ -696,7 +698,9 @@ def newton_schulz_method(
       to 0.84 on real gradients, outside its 0.02 band around 1).
 
     In bfloat16 the restarts it needs (all but the last two steps) leave
-    less than 25% to save, so ``'auto'`` runs the standard iteration there.
+    less than 25% to save, so ``'auto'`` runs the standard iteration there
+    (the half-precision ``coefficients='auto'`` default passes its own
+    method and restart, :func:`auto_schedule`).
     The choice depends on the dtype and precision only, never on the backend.
     """
     if method in ("standard", "gram"):
