@@ -731,7 +731,8 @@ def run_training(args):
         per_lr = {}
         for r in res.runs:
             # A diverged run has no validation loss: counted as inf (and in ``diverged``).
-            per_lr.setdefault(float(r["lr"]), []).append(float("inf") if r["val_loss"] is None else float(r["val_loss"]))
+            loss = float("inf") if r["val_loss"] is None else float(r["val_loss"])
+            per_lr.setdefault(float(r["lr"]), []).append(loss)
         out[name] = {"lrs": grid, "val_loss_by_lr": {k: float(np.mean(v)) for k, v in sorted(per_lr.items())},
                      "val_loss_by_lr_per_seed": {k: v for k, v in sorted(per_lr.items())},
                      "best_lr": val["best_lr_grid"][4], "val_loss_at_best": val["loss_at_best"][4],
