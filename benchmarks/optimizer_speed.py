@@ -548,14 +548,16 @@ def _shapes_gpt2_small():
 def method_flops(coef, steps, dtype, method="auto", preconditioning=None):
     """Counted flops of one orthogonalization per tree, and the ratio to 5 standard quintic steps
     (``'power'``'s matrix-vector products included; ``matvec_flops`` says how many of them).
-    ``coef='auto'``: each matrix's own default (``auto_schedule``; ``steps`` is then ignored)."""
+    ``coef='auto'``: each matrix's own default (``auto_schedule``; ``steps`` is then ignored);
+    ``'power4_schedule'``: the ``'power4'`` candidate by shape (``power4_schedule``)."""
     out = {}
     for tree, shapes in _shapes_gpt2_small().items():
         total = base = matvec = 0
         for m, n, count in shapes:
             c, k, meth, restarts = coef, steps, method, None
-            if coef == "auto":
-                c, meth, restarts = _ns.auto_schedule(m, n, jnp.dtype(dtype))
+            if coef in ("auto", "power4_schedule"):
+                c, meth, restarts = (_ns.auto_schedule(m, n, jnp.dtype(dtype)) if coef == "auto"
+                                     else _ns.power4_schedule(m, n))
                 k = len(_ns.resolve_coefficients(c)[0])
             prec = preconditioning or _ns.default_preconditioning(c)
             chosen = _ns.newton_schulz_method(m, n, k, jnp.dtype(dtype), meth)
@@ -698,7 +700,8 @@ def training_methods():
     muon = lambda **kw: (lambda lr: so.muon(lr, **kw))
     return {
         "quintic 5": (muon(ns_coefficients="quintic", ns_steps=5), 4e-2),
-        "bf16 default (power4 in bf16)": (muon(compute_dtype=jnp.bfloat16), 4e-2),
+        "bf16 default (polar_express_schatten 4 in bf16)": (muon(compute_dtype=jnp.bfloat16), 4e-2),
+        "power4 (bf16)": (muon(ns_coefficients="power4", compute_dtype=jnp.bfloat16), 4e-2),
         "power3 (f32)": (muon(ns_coefficients="power3"), 4e-2),
         "power3 (bf16)": (muon(ns_coefficients="power3", compute_dtype=jnp.bfloat16), 4e-2),
         "you 5": (muon(ns_coefficients="you"), 4e-2),

@@ -25,7 +25,7 @@ result is ``U p_K(...p_1(S)) V^T``. Coefficient schedules:
   start (normalized by a power-iteration estimate of the largest singular
   value);
 * ``'power4'`` (:data:`POWER4_COEFFICIENTS`): 4 steps for the same start,
-  the half-precision default;
+  measured as a half-precision default and not adopted;
 * any user table ``[(a, b, c), ...]`` or a user function replacing the whole
   iteration.
 
@@ -38,9 +38,9 @@ variant iterates on the ``m x m`` Gram matrix and multiplies by ``X`` once
 per segment. The start can be scaled by the Frobenius norm, the Schatten-4
 norm or AOL's diagonal (``preconditioning=``; docs/math.md, "Orthogonalization
 at fewer flops"), and the default coefficients depend on the compute dtype
-(``auto_schedule``): 5 quintic steps in float32; in bfloat16 / float16 4
-``'power4'`` steps from the ``'power'`` start, in Gram space with one restart
-on rectangular matrices.
+(``auto_schedule``): 5 quintic steps in float32, 4
+``'polar_express_schatten'`` steps from the Schatten-4 start in bfloat16 /
+float16.
 
 Precision on accelerators (see ``resolve_precision``,
 ``newton_schulz_method``): the default compute dtype is bfloat16 on
@@ -86,6 +86,7 @@ __all__ = [
     "YOU_COEFFICIENTS",
     "auto_coefficients",
     "auto_schedule",
+    "power4_schedule",
     "default_preconditioning",
     "gram_restarts",
     "newton_schulz",
@@ -161,7 +162,7 @@ POWER3_COEFFICIENTS: tuple[Triple, ...] = (
 #: factor) on ``[1e-2 / (POWER_SAFETY * 1.03), 1]`` with every polynomial's
 #: argument divided by 1.03, so that it covers ``[1e-2 / POWER_SAFETY, 1.03]``
 #: like :data:`POWER3_COEFFICIENTS`: float64 range ``[0.938, 1.027]`` there.
-#: The half-precision default of rectangular matrices (:func:`auto_schedule`).
+#: Measured as a half-precision default (:func:`power4_schedule`), not adopted.
 POWER4_COEFFICIENTS: tuple[Triple, ...] = (
     (7.228817058908975, -16.881974838788487, 11.156013182177627),
     (3.4095806650043747, -2.1350918062772806, 0.37832225857796686),
@@ -169,9 +170,8 @@ POWER4_COEFFICIENTS: tuple[Triple, ...] = (
     (1.9548526773186243, -1.2780350181549587, 0.336356883098494),
 )
 
-#: Half-precision ``'auto'`` (:func:`auto_schedule`): matrices with
-#: ``max(m, n) >= AUTO_GRAM_ASPECT * min(m, n)`` get ``'power4'`` in Gram
-#: space with one restart, the others ``'power3'`` (standard iteration).
+#: :func:`power4_schedule`: matrices with ``max(m, n) >= AUTO_GRAM_ASPECT *
+#: min(m, n)`` run ``'power4'`` in Gram space with one restart.
 AUTO_GRAM_ASPECT: float = 2.0
 
 #: The Gram-space iteration with 10 mantissa bits (float16, TensorFloat-32)
@@ -286,12 +286,10 @@ def polar_express_coefficients(
 def auto_coefficients(compute_dtype: Any = None, shape: tuple[int, int] | None = None) -> str:
     """What ``coefficients='auto'`` means for a compute dtype (and matrix shape).
 
-    ``'quintic'`` (5 steps from the Frobenius-normalized start, as before)
-    for >= 32-bit compute (the CPU default). For bfloat16 / float16 compute
-    (the GPU/TPU default) it depends on the ``(m, n)`` ``shape``
-    (:func:`auto_schedule`): ``'power4'`` for rectangular matrices
-    (aspect ratio >= :data:`AUTO_GRAM_ASPECT`), ``'power3'`` otherwise
-    (and when ``shape`` is not given).
+    ``'quintic'`` (5 steps from the Frobenius-normalized start) for >= 32-bit
+    compute (the CPU default); ``'polar_express_schatten'`` (4 steps from the
+    Schatten-4 start) for bfloat16 / float16 compute (the GPU/TPU default);
+    see :func:`auto_schedule`.
 
     Args:
       compute_dtype: the iteration's dtype (``None``: the backend's default).
@@ -303,22 +301,13 @@ def auto_coefficients(compute_dtype: Any = None, shape: tuple[int, int] | None =
 def auto_schedule(m: int, n: int, compute_dtype: Any = None) -> tuple[str, str, tuple[int, ...] | None]:
     """``(coefficients, method, restarts)`` that ``coefficients='auto'`` runs for an ``m x n`` matrix.
 
-    The one place where the default iteration is chosen from a matrix's shape
-    (docs/math.md, "Orthogonalization at fewer flops"; measured bands in
-    docs/benchmarks.md, "Orthogonalization methods"):
-
-    * >= 32-bit compute: ``('quintic', 'auto', None)``: 5 quintic steps,
-      :func:`newton_schulz_method` and :func:`gram_restarts` decide;
-    * bfloat16 / float16, ``max(m, n) < AUTO_GRAM_ASPECT * min(m, n)``:
-      ``('power3', 'standard', ())``: 3 standard steps from the ``'power'``
-      start, ``12 s^2 l + 6 s^3`` flops (``s = min(m, n)``, ``l = max(m, n)``);
-    * bfloat16 / float16, rectangular: ``('power4', 'gram', (1,))``: 4 steps
-      from the ``'power'`` start, the first one in ``X`` space and the other
-      three in Gram space (one restart, at step 1): ``8 s^2 l + 20 s^3``
-      flops, fewer than ``'power3'``'s from ``l / s > 3.5``. The first step
-      lifts every singular value that matters (``>= 1e-2 / POWER_SAFETY`` of
-      the largest) above 0.07, so their squares are resolved by a
-      half-precision Gram matrix.
+    The one place where the default iteration is chosen (from the compute
+    dtype and the matrix's shape): ``('quintic', 'auto', None)`` for >= 32-bit
+    compute, ``('polar_express_schatten', 'auto', None)`` for bfloat16 /
+    float16 (:func:`newton_schulz_method` and :func:`gram_restarts` decide the
+    rest). The shape-dependent ``'power4'`` schedule (:func:`power4_schedule`)
+    was measured as a candidate and not adopted (docs/benchmarks.md,
+    "Orthogonalization methods", third round).
 
     Args:
       m: rows.
@@ -328,6 +317,19 @@ def auto_schedule(m: int, n: int, compute_dtype: Any = None) -> tuple[str, str, 
     cdtype = jnp.dtype(compute_dtype if compute_dtype is not None else default_compute_dtype())
     if cdtype.itemsize >= 4:
         return "quintic", "auto", None
+    return "polar_express_schatten", "auto", None
+
+
+def power4_schedule(m: int, n: int) -> tuple[str, str, tuple[int, ...]]:
+    """``(coefficients, method, restarts)`` of the measured ``'power4'`` candidate for an ``m x n``
+    matrix: standard on ``max(m, n) < AUTO_GRAM_ASPECT * min(m, n)``, else Gram space with one restart
+    at step 1 (``8 s^2 l + 20 s^3`` flops). Not the default: it diverged in the short bfloat16
+    training run (docs/benchmarks.md, "Third round").
+
+    Args:
+      m: rows.
+      n: columns.
+    """
     if max(m, n) >= AUTO_GRAM_ASPECT * min(m, n):
         return "power4", "gram", (1,)
     return "power4", "standard", ()
@@ -698,9 +700,7 @@ def newton_schulz_method(
       to 0.84 on real gradients, outside its 0.02 band around 1).
 
     In bfloat16 the restarts it needs (all but the last two steps) leave
-    less than 25% to save, so ``'auto'`` runs the standard iteration there
-    (the half-precision ``coefficients='auto'`` default passes its own
-    method and restart, :func:`auto_schedule`).
+    less than 25% to save, so ``'auto'`` runs the standard iteration there.
     The choice depends on the dtype and precision only, never on the backend.
     """
     if method in ("standard", "gram"):
@@ -788,10 +788,9 @@ def newton_schulz(
     Args:
       x: array of shape ``(..., m, n)``; leading axes are independent matrices.
       coefficients: ``'auto'`` (default, :func:`auto_schedule`:
-        ``'quintic'`` for >= 32-bit compute; for bfloat16 / float16 by the
-        matrix's shape, ``'power3'`` on square-ish matrices and ``'power4'``
-        with one Gram-space restart on rectangular ones; with ``axis_name``
-        the whole matrix's shape decides), ``'quintic'`` (:data:`MUON_QUINTIC`, 5 steps),
+        ``'quintic'`` for >= 32-bit compute, ``'polar_express_schatten'``
+        for bfloat16 / float16; with ``axis_name`` the whole matrix's shape
+        is the one passed to it), ``'quintic'`` (:data:`MUON_QUINTIC`, 5 steps),
         ``'polar_express'`` (:func:`polar_express_coefficients`, 8 steps by
         default), ``'polar_express_schatten'`` (4 steps, for the
         Schatten-4-normalized start), ``'power3'`` (3 steps, for the
@@ -820,8 +819,7 @@ def newton_schulz(
         ``compute_dtype`` has >= 32 bits with the matmuls at
         ``Precision.HIGHEST`` (e.g. aspect ratio ``max(m, n) / min(m, n) >=
         2.5`` for 5 steps), or it is float16 with at most 5 steps, with
-        restarts; never in bfloat16; ``coefficients='auto'`` in half
-        precision sets its own, :func:`auto_schedule`).
+        restarts; never in bfloat16).
       norm_safety: factor ``>= 1`` on the Frobenius norm; ``None``: 1.01 for
         ``'polar_express'`` (as published), 1 otherwise.
       precision: ``jax.lax.Precision`` (or string, or pair) of the matmuls;
@@ -854,8 +852,7 @@ def newton_schulz(
       restarts: Gram-space method only: step indices at which ``X`` is
         re-formed and its Gram matrix recomputed (``None``: the measured
         schedule of ``gram_restarts``: none at float32 / ``HIGHEST``,
-        every 2 steps in float16, all but the last two steps in bfloat16;
-        ``(1,)`` for the half-precision ``'auto'`` default, :func:`auto_schedule`).
+        every 2 steps in float16, all but the last two steps in bfloat16).
 
     Returns:
       Array of ``x``'s shape and dtype.

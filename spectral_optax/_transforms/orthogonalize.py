@@ -138,7 +138,7 @@ def orthogonalize_via_newton_schulz(
         (``sqrt(max(1, d_out / d_in))``), ``'rms'`` (``0.2 sqrt(max(d_in,
         d_out))``), a number or a function ``geometry -> number``.
       ns_coefficients: ``'auto'`` (default: ``'quintic'`` for float32
-        compute, ``'power4'`` for bfloat16 / float16, by shape:
+        compute, ``'polar_express_schatten'`` for bfloat16 / float16:
         :func:`spectral_optax.auto_schedule`),
         ``'quintic'`` (Muon's, 5 steps), ``'polar_express'`` (8 steps by
         default), ``'polar_express_schatten'`` (4 steps), ``'power3'`` (3 steps), ``'power4'`` (4 steps), ``'you'`` (5
