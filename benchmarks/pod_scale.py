@@ -27,8 +27,11 @@ embedding), ``llama1b`` (d 2048, 16 blocks, q / k / v / o, SwiGLU 8192, vocab
 32000, untied head). ``--scan``: every block parameter stacked on a leading
 layer axis (``nn.scan`` layout), its geometry given as an override.
 
+``--ns-dtype bfloat16``: muon's iteration in bfloat16, the default on GPU / TPU (a pod), compiled
+on CPU (its one-device reference too); matrices then move and Gram matrices sum in bfloat16.
+
 ``python -m benchmarks.pod_scale --devices N --tree gpt2xl|llama1b|llama7b [--scan] [--tp K]
-[--mesh explicit|auto] [--optimizers a,b] [--plan] --json PATH``
+[--mesh explicit|auto] [--optimizers a,b] [--plan] [--ns-dtype bfloat16] --json PATH``
 """
 
 from __future__ import annotations
@@ -59,12 +62,16 @@ TREES = {  # d, blocks, MLP width, vocab, kind
 #: parameter names whose fan-out (else fan-in) is split over 'model' with --tp (Megatron layout)
 COLUMN_PARALLEL = ("q", "k", "v", "gate", "up", "c_attn", "c_fc")
 
+#: each optimizer from ``(geometry overrides, ns_dtype)``; ``ns_dtype`` (``--ns-dtype``) is muon's
+#: ``compute_dtype`` (``None``: the backend default, float32 on CPU; ``bfloat16`` is the GPU / TPU one)
 OPTIMIZERS = {
-    "muon": lambda geometry: so.muon(0.02, geometry=geometry),
-    "muon(distribute=False)": lambda geometry: so.muon(0.02, geometry=geometry, distribute=False),
-    "optax.contrib.muon": lambda geometry: optax.contrib.muon(0.02),
-    "optax.adamw": lambda geometry: optax.adamw(1e-3),
-    "moga": lambda geometry: so.moga(0.01, geometry=geometry),
+    "muon": lambda geometry, dtype: so.muon(0.02, geometry=geometry, compute_dtype=dtype),
+    "muon(distribute=False)": lambda geometry, dtype: so.muon(
+        0.02, geometry=geometry, compute_dtype=dtype, distribute=False
+    ),
+    "optax.contrib.muon": lambda geometry, dtype: optax.contrib.muon(0.02),
+    "optax.adamw": lambda geometry, dtype: optax.adamw(1e-3),
+    "moga": lambda geometry, dtype: so.moga(0.01, geometry=geometry),
 }
 
 
@@ -139,7 +146,7 @@ def compile_step(tx, params):
 
 
 def measure(tree: str, n: int, mesh_kind: str = "explicit", tp: int = 1, scan: bool = False,
-            optimizers=None, tokens: int = 2**20, plan: bool = False) -> list[dict]:  # fmt: skip
+            optimizers=None, tokens: int = 2**20, plan: bool = False, ns_dtype=None) -> list[dict]:  # fmt: skip
     shapes, geometry = tree_shapes(tree, scan)
     is_shape = lambda s: isinstance(s, tuple)
     mode = AxisType.Explicit if mesh_kind == "explicit" else AxisType.Auto
@@ -162,13 +169,15 @@ def measure(tree: str, n: int, mesh_kind: str = "explicit", tp: int = 1, scan: b
     )
     fwd_bwd = 6 * num_params * tokens / n
     if plan:
-        print(so.orthogonalization_plan(sharded, geometry=geometry, kinds=("matrix",)))  # muon's default routes
+        print(so.orthogonalization_plan(sharded, geometry=geometry, kinds=("matrix",), ns_coefficients="auto",
+                                        compute_dtype=ns_dtype))  # muon's default routes  # fmt: skip
     rows = []
     for name, make in OPTIMIZERS.items():
         if optimizers and name not in optimizers:
             continue
-        tx = make(geometry)
+        tx = make(geometry, ns_dtype)
         row: dict = {"tree": tree, "scan": scan, "devices": n, "tp": tp, "mesh": mesh_kind, "optimizer": name,
+                     "ns_dtype": None if ns_dtype is None else jnp.dtype(ns_dtype).name,
                      "params": num_params, "shard_bytes": shard_bytes, "largest_matrix_bytes": largest}  # fmt: skip
         try:
             ref_flops, _, _, ref_s = compile_step(tx, plain)
@@ -202,12 +211,15 @@ def main(argv=None):
     ap.add_argument("--optimizers", default=None, help=f"comma-separated subset of {list(OPTIMIZERS)}")
     ap.add_argument("--tokens", type=int, default=2**20, help="tokens per step for the step share (default 1M)")
     ap.add_argument("--plan", action="store_true", help="print so.orthogonalization_plan first")
+    ap.add_argument("--ns-dtype", default=None, choices=("float32", "bfloat16"),
+                    help="muon's iteration dtype (default: the backend's, float32 on CPU; bfloat16 is GPU / TPU's)")  # fmt: skip
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     if jax.device_count() < args.devices:
         raise SystemExit(f"--devices {args.devices}: only {jax.device_count()} devices (set it before JAX starts)")
     opts = args.optimizers.split(",") if args.optimizers else None
-    rows = measure(args.tree, args.devices, args.mesh, args.tp, args.scan, opts, args.tokens, args.plan)
+    rows = measure(args.tree, args.devices, args.mesh, args.tp, args.scan, opts, args.tokens, args.plan,
+                   None if args.ns_dtype is None else jnp.dtype(args.ns_dtype))  # fmt: skip
     if args.json:
         meta = {"jax": jax.__version__, "backend": jax.default_backend(), "argv": argv,
                 "date": time.strftime("%Y-%m-%d", time.gmtime())}  # fmt: skip
