@@ -249,9 +249,9 @@ def _groups(flat, gmap, kinds) -> dict[tuple[int, int], list[tuple[int, Geometry
 
 def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, precision) -> dict:
     """One :class:`~spectral_optax._plan.GroupPlan` per group (decided at trace time)."""
-    spec = resolve_coefficients(coefficients, steps)
-    n_steps = None if callable(spec) else len(spec[0])
     cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else jnp.dtype(default_compute_dtype())
+    spec = resolve_coefficients(coefficients, steps, cdtype)  # 'auto': the iteration's dtype's
+    n_steps = None if callable(spec) else len(spec[0])
     plans, methods = {}, {}
     for (m, n), members in groups.items():
         dtype = jnp.dtype(jnp.result_type(*[flat[i][1].dtype for i, _ in members]))
