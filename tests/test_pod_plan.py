@@ -316,3 +316,14 @@ def test_printed_plan_of_a_pod_sized_tree():
     text = str(plan)
     assert "2048 x 32000" in text and "2048 x 8192" in text and "lm_head/kernel" in text, text
     assert plan.flops_per_device <= 1.3 * plan.total_flops / 64, text  # 1.265 (1.375 with A^2 on every device)
+    # 256 devices: the 48 wide matrices in 4 blocks of 2048 x 2048 and the 64 squares packed 4 per
+    # unit fill the 64 owner groups of 4, one block per device: 6 d^3 per step, and the head split
+    # over all 256 (1.845x the one-device float32 total / 256, which runs the wide ones Gram-space)
+    plan = so.orthogonalization_plan(tree, devices=256, geometry={r"lm_head/kernel$": {"kind": "matrix"}})
+    by_shape = {(g.m, g.n): g for g in plan.groups}
+    wide, square = by_shape[(d, f)], by_shape[(d, d)]
+    assert (wide.split, wide.owners, wide.units, wide.per_device) == (4, 64, 64, 1), str(plan)
+    assert wide.packed_with == (d, d) and square.packed_with == (d, f) and square.flops == 0, str(plan)
+    assert wide.flops == steps * 6 * d**3 and wide.gram_bytes == steps * d * d * 4
+    assert plan.flops_per_device <= 2 * plan.total_flops / 256, str(plan)
+    assert "[packed with 2048 x 8192]" in str(plan)

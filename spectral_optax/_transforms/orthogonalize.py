@@ -403,8 +403,9 @@ def _packed(split, whole, gp, whole_method, orthogonalize, mesh, axes):
 def _group_view(mesh, shape):
     """The devices of ``mesh`` (in its order) viewed as an ``(owners, split)`` mesh with axes
     ``('_owners', '_split')``: ``(abstract mesh, mesh for shard_map)``. Under ``jax.set_mesh``
-    ``shard_map`` lowers on the concrete mesh, so the view is a concrete ``Mesh`` of the same
-    devices reshaped (``P(('_owners', '_split'))`` is then ``P(axes)`` of the leaves' mesh)."""
+    ``shard_map`` lowers on the concrete mesh, so the view is then a concrete ``Mesh`` of the same
+    devices reshaped (``P(('_owners', '_split'))`` is ``P(axes)`` of the leaves' mesh). (With the
+    split axis major instead, Llama 1.2B on 256 devices moved 70x its shard, against 13.4x.)"""
     names, types = ("_owners", "_split"), (jax.sharding.AxisType.Auto,) * 2
     concrete = _concrete_mesh()
     if concrete is not None and not concrete.empty and concrete.size == math.prod(shape):
