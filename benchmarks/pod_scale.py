@@ -251,7 +251,7 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=2**20, help="tokens per step for the step share (default 1M)")
     ap.add_argument("--plan", action="store_true", help="print so.orthogonalization_plan first")
     ap.add_argument("--ns-dtype", default=None, choices=("float32", "bfloat16"),
-                    help="muon's iteration dtype (default: the backend's, float32 on CPU; bfloat16 is GPU / TPU's)")  # fmt: skip
+                    help="muon's iteration dtype (default: the backend's, float32 on CPU; GPU / TPU: bfloat16)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     if jax.device_count() < args.devices:

@@ -255,6 +255,12 @@ def pack_groups(
             continue
         plans[ka] = dataclasses.replace(a, flops=flops, gram_bytes=gram, packed_with=kb, packed_count=b.count)
         plans[kb] = dataclasses.replace(
-            b, split=1, owners=devices, method=(whole_methods or {}).get(kb, b.method), flops=0.0, gram_bytes=0.0, packed_with=ka
+            b,
+            split=1,
+            owners=devices,
+            method=(whole_methods or {}).get(kb, b.method),
+            flops=0.0,
+            gram_bytes=0.0,
+            packed_with=ka,
         )
     return plans
