@@ -18,13 +18,14 @@ plan picks, per group, the ``k`` minimizing::
 
     flops(k) + FLOPS_PER_BYTE * gram_bytes(k),
     flops(k)      = ceil(B k / N) * (whole-matrix flops          if k = 1,
-                                     steps 6 m^2 c                   if k = N and c < m,
+                                     steps 6 m^2 c                   if k > 1 and c < m,
                                      steps (4 m^2 c + 2 m^3)         otherwise),   c = ceil(n / k),
     gram_bytes(k) = ceil(B k / N) * steps * m^2 * itemsize(compute dtype)   (k > 1).
 
-Split over every device (``k = N``, one owner group) the iteration runs under
-``shard_map`` and a block narrower than its Gram matrix (``c < m``) is updated
-as ``b (A X) + c A (A X)`` (``2 m^2 c`` for the Gram and ``4 m^2 c`` for the
+A split group runs under ``shard_map`` (over every device for ``k = N``, else on
+the devices viewed as an ``(N / k, k)`` mesh, the Gram sums over each owner
+group) and a block narrower than its Gram matrix (``c < m``) is updated as
+``b (A X) + c A (A X)`` (``2 m^2 c`` for the Gram and ``4 m^2 c`` for the
 update, instead of ``2 m^3 + 2 m^2 c``): no device repeats the ``A^2`` product.
 
 Every device runs every group's program (one SPMD program), so the flops of

@@ -128,7 +128,8 @@ def orthogonalize_via_newton_schulz(
     shape group is dealt to the devices as whole matrices, or, when it has
     fewer matrices than devices or one costs more than a device's share, cut
     along its long side over ``k`` devices with the short-side Gram matrix
-    summed over them every step. A zero update stays zero; the
+    summed over them every step (whole matrices of a split group's block shape
+    ride in its stack, ``k`` to an owner group). A zero update stays zero; the
     result has the update's dtype (the iteration runs in ``compute_dtype``).
 
     Args:
