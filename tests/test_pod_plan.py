@@ -132,7 +132,7 @@ wide, whole = {(g.m, g.n): g for g in plan.groups}[(64, 8192)], {(g.m, g.n): g f
 assert (wide.split, wide.owners, wide.packed_with, whole.packed_with) == (4, 4, (64, 2048), (64, 8192)), plan
 with jax.set_mesh(mesh):
     compiled = jax.jit(tx.update).lower(sharded, tx.init(sharded)).compile()
-    got, _ = jax.jit(tx.update)(sharded, tx.init(sharded))
+    got, _ = compiled(sharded, tx.init(sharded))
 flops, coll = compiled.cost_analysis()["flops"], collective_bytes(compiled.as_text())
 print("flops", flops, "plan", plan.flops_per_device, "collectives", coll, "gram", wide.gram_bytes)
 assert plan.flops_per_device <= flops <= 1.05 * plan.flops_per_device, (flops, plan.flops_per_device)
