@@ -107,7 +107,8 @@ def test_packed_split_and_whole_matrices_on_16_devices():
     compiled flops within 5% of the plan (measured 1.037x; 1.009x the one-device total / 16), the
     all-reduce bytes exactly the plan's Gram bytes (5 steps of 64 x 64 float32, plus two scalars).
     Values equal the one-device run (rel 1e-5) and the float64 reference, under ``jax.set_mesh``
-    (``shard_map`` on a concrete view of the devices) and without it (an abstract one)."""
+    (``shard_map`` on a concrete view of the devices) and without it (an abstract one). Then squares
+    sharded on their rows, split over owner groups (taken transposed): equal to one device."""
     out = run_script(
         REFERENCE
         + CLOSE
@@ -147,6 +148,25 @@ for where, tree in (("set_mesh", got), ("abstract", plain)):
         print(where, name, err)
         assert err < 1e-4, (where, name, err)
         assert tree[name]["kernel"].sharding.is_equivalent_to(NamedSharding(mesh, spec(grads[name]["kernel"])), 2)
+
+# Squares sharded on their rows (FSDP P('data', None), and a stacked one), split over owner groups
+# of 4 (the cost model told that collectives are free): taken transposed, equal to one device.
+import spectral_optax._plan as plan_module
+plan_module.FLOPS_PER_BYTE = 0.0
+squares = {"sq0": (256, 256), "sq1": (256, 256), "scan": (2, 256, 256)}
+grads = {k: {"kernel": jax.random.normal(jax.random.key(i + 10), s)} for i, (k, s) in enumerate(squares.items())}
+geometry = {r"scan/kernel$": dict(kind="matrix", fan_in_axes=(-2,), fan_out_axes=(-1,))}
+specs = {"sq0": P("data", None), "sq1": P("data", None), "scan": P(None, "data", None)}
+sharded = {k: {"kernel": jax.device_put(v["kernel"], NamedSharding(mesh, specs[k]))} for k, v in grads.items()}
+tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0, geometry=geometry)
+group = so.orthogonalization_plan(sharded, ns_method="standard", geometry=geometry).groups[0]
+assert (group.split, group.owners) == (4, 4), group
+with jax.set_mesh(mesh):
+    got, _ = jax.jit(tx.update)(sharded, None)
+one, _ = jax.jit(tx.update)(jax.device_put(grads, jax.devices()[0]), None)
+for name in grads:
+    close(got[name]["kernel"], one[name]["kernel"], f"rows-sharded {name}")
+    assert got[name]["kernel"].sharding.is_equivalent_to(NamedSharding(mesh, specs[name]), got[name]["kernel"].ndim)
 print("ok")
 """,
         devices=16,
