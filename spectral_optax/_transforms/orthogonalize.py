@@ -387,8 +387,8 @@ def _rows_sharded(g: Geometry, spec) -> bool:
     """Whether a square matrix's wide view has its rows sharded by ``spec`` and its columns not
     (the FSDP layout ``P('data', None)`` of a square kernel): split over its columns it is then
     taken transposed (``NS(G^T) = NS(G)^T``), whose columns are the sharded ones, so reaching the
-    column blocks is not a transposition of the layout (Llama 6.7B, bfloat16, 256 devices: 6.20x
-    the shard through collectives going through the columns, against ... transposed)."""
+    column blocks is not a transposition of the layout (Llama 6.7B scan, bfloat16, 256 devices:
+    5.95x the shard through collectives, against 6.20x going through :func:`_columns_everywhere`)."""
     if spec is None or g.d_in != g.d_out or g.fan_out_splits != 1:
         return False
     sharded = lambda axes: any(spec_axes(spec[a]) for a in axes)
