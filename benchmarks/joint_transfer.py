@@ -61,8 +61,9 @@ GPT_PRESETS = {
 #: the top edge 0.064 around 1.6e-2 for widths 128 and 256, hence 3.2e-2.)
 CENTERS = {"muon": 4e-2, "moga": 1.6e-2, "mup_adamw": 3.2e-2}
 #: GPT centers: benchmarks.gpt_width's cpu preset (depth 2, widths 32..128; 2026-12-01): best LR Muon
-#: 0.063..0.045, MOGA 0.011..0.0065, mup_adamw 0.011..0.014.
-GPT_CENTERS = {"muon": 5e-2, "moga": 8e-3, "mup_adamw": 1.2e-2}
+#: 0.063..0.045, MOGA 0.011..0.0065, mup_adamw 0.011..0.014; MOGA at 60 steps (--quick) 0.011..0.032+,
+#: hence its center 1.6e-2 (2026-12-01).
+GPT_CENTERS = {"muon": 5e-2, "moga": 1.6e-2, "mup_adamw": 1.2e-2}
 BASE_WIDTH = 64
 
 
