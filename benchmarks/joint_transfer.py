@@ -112,7 +112,8 @@ def main(argv=None):
     if preset == "quick":
         from benchmarks._depth import SMOKE_NOTE
 
-        print(SMOKE_NOTE.format(benchmark="joint_transfer", preset="cpu").replace(" --preset cpu", ""), flush=True)
+        print(SMOKE_NOTE.format(benchmark="joint_transfer", preset="cpu").replace(
+            " --preset cpu", " --model gpt" if gpt else ""), flush=True)
     if gpt:
         data = lab.load("text", context=cfg["context"], sequence=True)
 
