@@ -31,7 +31,7 @@ update, instead of ``2 m^3 + 2 m^2 c``): no device repeats the ``A^2`` product.
 Every device runs every group's program (one SPMD program), so the flops of
 a device are the sum over groups of ``flops(k)``.
 
-**Packing** (:func:`pack_groups`). A split group ``A`` (``m x n``, ``k`` column
+**Packing** (``pack_groups``). A split group ``A`` (``m x n``, ``k`` column
 blocks of width ``c = n / k``) and a group ``B`` of whole ``m x c`` matrices
 have local blocks of one shape, so ``B``'s matrices can ride in ``A``'s stack,
 ``k`` of them side by side in one ``m x k c`` unit whose owner group must not
@@ -74,7 +74,7 @@ class GroupPlan:
       move_bytes: bytes per device moving the group's matrices to their owners and back
         (an upper bound: the device's share of the group, twice, in the moved dtype).
       paths: the parameter paths whose slices are in the group.
-      packed_with: ``(m, n)`` of the group this one shares a stack with (:func:`pack_groups`):
+      packed_with: ``(m, n)`` of the group this one shares a stack with (``pack_groups``):
         on the split group the flops and bytes are the pack's, on the packed group zero.
       packed_count: on the split group of a pack, the number of matrices packed into its units.
     """
@@ -102,8 +102,8 @@ class GroupPlan:
 
     @property
     def units(self) -> int:
-        """Stacked units dealt to the owner groups (a pack: the split group's matrices and
-        ``ceil(count / split)`` units of ``split`` packed matrices each)."""
+        """The number of stacked units dealt to the owner groups; for a pack, the split group's matrices
+        plus ``ceil(count / split)`` units of ``split`` packed matrices each."""
         return self.count + (-(-self.packed_count // self.split) if self.packed_with else 0)
 
 

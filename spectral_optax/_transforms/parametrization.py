@@ -46,7 +46,14 @@ ROUTES = ("hidden", "output", "embedding", "vector", "elementwise")
 
 
 def route_of(geometry: Geometry) -> str:
-    """A leaf's route: ``'hidden'`` / ``'output'`` matrices by role, else its kind."""
+    """A leaf's route: ``'hidden'`` / ``'output'`` matrices by role, else its kind.
+
+    Args:
+      geometry: the leaf's :class:`~spectral_optax.Geometry`.
+
+    Returns:
+      One of :data:`ROUTES`.
+    """
     if geometry.kind == "matrix":
         return "output" if geometry.role == "output" else "hidden"
     return geometry.kind
