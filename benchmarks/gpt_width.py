@@ -79,10 +79,12 @@ PRESETS = {
 CENTERS = {"muon": 6.4e-2, "moga": 1.6e-2, "mup_adamw": 1.6e-2, "spectral_sgd": 6.4e-2, "adamw_sp": 8e-3}
 
 
-def optimizer_factory(name: str, base_shapes=None):
-    """``lr -> GradientTransformation`` (defaults, no weight decay) for a benchmark optimizer name."""
+def optimizer_factory(name: str, base_shapes=None, muon_options=None):
+    """``lr -> GradientTransformation`` (defaults, no weight decay) for a benchmark optimizer name;
+    ``muon_options``: extra keyword arguments of ``so.muon`` (the drift ablations: ``adam_learning_rate``,
+    ``output``)."""
     if name == "muon":
-        return lambda lr: so.muon(lr)
+        return lambda lr: so.muon(lr, **(muon_options or {}))
     if name == "moga":
         return lambda lr: so.moga(lr, p=2.0)
     if name == "mup_adamw":
@@ -407,6 +409,10 @@ def build_parser():
     p.add_argument("--diagnose", action="store_true",
                    help="instead of the sweep: the quadratic-model step per route vs width (item 3 of issue 21)")
     p.add_argument("--warm-steps", type=int, default=40, help="--diagnose: steps trained before measuring")
+    p.add_argument("--muon-adam-lr", type=float, default=None,
+                   help="ablation: Muon's AdamW route (embeddings, vectors) at this fixed LR instead of Muon's")
+    p.add_argument("--muon-head", choices=("muon", "adamw"), default="muon",
+                   help="ablation: route of Muon's output head (default muon)")
     _devices.add_arguments(p)
     return p
 
@@ -428,6 +434,12 @@ def main(argv=None):
         return diagnose(args, preset, cfg, data, names)
     base_shapes = family("spectral")(BASE_WIDTH).shapes()
     tag = f"gpt-K{cfg['depth']}-T{cfg['context']}-{cfg['dtype']}"
+    muon_options = {}
+    if args.muon_adam_lr is not None:
+        muon_options["adam_learning_rate"] = args.muon_adam_lr
+    if args.muon_head != "muon":
+        muon_options["output"] = args.muon_head
+    muon_tag = "".join(f"-{k}={v}" for k, v in sorted(muon_options.items()))
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, f"gpt_width_{preset}.jsonl")
     print(f"gpt width transfer ({preset}): widths {widths}, depth {cfg['depth']}, context {cfg['context']}, "
@@ -440,11 +452,12 @@ def main(argv=None):
     results, summary = {}, {}
     for name in names:
         res = lab.sweep(
-            family("standard" if name == "adamw_sp" else "spectral"), optimizer_factory(name, base_shapes),
+            family("standard" if name == "adamw_sp" else "spectral"),
+            optimizer_factory(name, base_shapes, muon_options),
             sizes=widths, lrs=lab.lr_grid(CENTERS[name], cfg["num_lrs"]), data=data, steps=cfg["steps"],
             batch_size=cfg["batch_size"], seeds=list(range(cfg["seeds"])), results=results_path, name=name,
-            tag=tag, size_name="width", progress=not args.no_progress, schedule="warmup_cosine",
-            eval_examples=256, devices=devices,
+            tag=tag + (muon_tag if name == "muon" else ""), size_name="width", progress=not args.no_progress,
+            schedule="warmup_cosine", eval_examples=256, devices=devices,
         )
         results[name] = res
         both = analyse(res.runs, widths)
@@ -470,6 +483,7 @@ def main(argv=None):
     payload = {
         "benchmark": "gpt_width", "preset": preset,
         "config": dict(cfg, data=data.name, schedule="warmup_cosine", base_blocks=2, head_dim=16,
+                       muon_options=muon_options,
                        mup_base_width=BASE_WIDTH, lr_centers={k: CENTERS[k] for k in names}),
         "summary": summary, "widest": widest, "tables": tables, "figures": figures,
         "runs": [r for res in results.values() for r in res.runs],

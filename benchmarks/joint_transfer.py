@@ -8,9 +8,13 @@ with AdamW under muP (``mup_adamw``, base width 64) as the comparison. The
 claim under test: the best LR of all nine configurations lies within one
 grid step (factor 2).
 
-    python -m benchmarks.joint_transfer [--quick] [--json PATH] [--out DIR] [--seeds K]
+    python -m benchmarks.joint_transfer [--quick] [--model mlp|gpt] [--json PATH] [--out DIR] [--seeds K]
         [--optimizers muon,moga,mup_adamw] [--widths 64,128,256] [--depths 2,8,32] [--steps N]
         [--num-lrs N] [--batch-size B]
+
+``--model gpt``: the package's GPT instead (``lab.gpt_family``: pre-LN decoder, fused QKV, heads of width
+16, ``h + (2/K) f(h)``, Parametrization-1 init) on byte sequences of 64, widths 32, 64, 128 x depths 2, 4, 8
+(``--quick``: widths 32, 64 x depths 2, 8, 60 steps).
 
 JSON ``summary``: keyed by optimizer (``"muon"``, ``"moga"``, ``"mup_adamw"``),
 each with ``best_lr`` per configuration (``"w{width}/K{depth}"``, train loss),
@@ -47,9 +51,19 @@ PRESETS = {
     "cpu": {"widths": (64, 128, 256), "depths": (2, 8, 32), "steps": 150, "num_lrs": 6, "batch_size": 64,
             "optimizers": ("muon", "moga", "mup_adamw")},
 }
+GPT_PRESETS = {
+    "quick": {"widths": (32, 64), "depths": (2, 8), "steps": 60, "num_lrs": 5, "batch_size": 8,
+              "optimizers": ("muon", "moga", "mup_adamw"), "context": 64},
+    "cpu": {"widths": (32, 64, 128), "depths": (2, 4, 8), "steps": 120, "num_lrs": 5, "batch_size": 8,
+            "optimizers": ("muon", "moga", "mup_adamw"), "context": 64},
+}
 #: LR-grid centers (peak LR), factor-2 grids around them. (cpu preset, 2026-11-29: mup_adamw's best LR at
 #: the top edge 0.064 around 1.6e-2 for widths 128 and 256, hence 3.2e-2.)
 CENTERS = {"muon": 4e-2, "moga": 1.6e-2, "mup_adamw": 3.2e-2}
+#: GPT centers: benchmarks.gpt_width's cpu preset (depth 2, widths 32..128; 2026-12-01): best LR Muon
+#: 0.063..0.045, MOGA 0.011..0.0065, mup_adamw 0.011..0.014; MOGA at 60 steps (--quick) 0.011..0.032+,
+#: hence its center 1.6e-2 (2026-12-01).
+GPT_CENTERS = {"muon": 5e-2, "moga": 1.6e-2, "mup_adamw": 1.2e-2}
 BASE_WIDTH = 64
 
 
@@ -65,6 +79,7 @@ def _decode(size: int) -> tuple[int, int]:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke-test preset")
+    p.add_argument("--model", choices=("mlp", "gpt"), default="mlp", help="residual MLP (default) or the GPT")
     p.add_argument("--json", default=None)
     p.add_argument("--out", default="out")
     p.add_argument("--seeds", type=int, default=1)
@@ -79,7 +94,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     devices = _devices.setup(args)
     preset = "quick" if args.quick else "cpu"
-    cfg = dict(PRESETS[preset])
+    gpt = args.model == "gpt"
+    cfg = dict((GPT_PRESETS if gpt else PRESETS)[preset])
+    centers = GPT_CENTERS if gpt else CENTERS
     for key in ("widths", "depths"):
         if getattr(args, key):
             cfg[key] = tuple(int(v) for v in getattr(args, key).split(","))
@@ -88,17 +105,27 @@ def main(argv=None):
             cfg[key] = getattr(args, key)
     if args.optimizers:
         cfg["optimizers"] = tuple(args.optimizers.split(","))
-    unknown = [o for o in cfg["optimizers"] if o not in CENTERS]
+    unknown = [o for o in cfg["optimizers"] if o not in centers]
     if unknown:
-        raise SystemExit(f"unknown optimizers {unknown}; have {list(CENTERS)}")
+        raise SystemExit(f"unknown optimizers {unknown}; have {list(centers)}")
 
     if preset == "quick":
         from benchmarks._depth import SMOKE_NOTE
 
-        print(SMOKE_NOTE.format(benchmark="joint_transfer", preset="cpu").replace(" --preset cpu", ""), flush=True)
-    data = lab.load("text", context=8)
-    families = {w: lab.mlp_family(data, vary="depth", width=w, residual=True, alpha=lambda k: 2 / k,
-                                  init="spectral") for w in cfg["widths"]}
+        print(SMOKE_NOTE.format(benchmark="joint_transfer", preset="cpu").replace(
+            " --preset cpu", " --model gpt" if gpt else ""), flush=True)
+    if gpt:
+        data = lab.load("text", context=cfg["context"], sequence=True)
+
+        def depth_family(w):
+            return lab.gpt_family(data, vary="depth", width=w, init="spectral")
+    else:
+        data = lab.load("text", context=8)
+
+        def depth_family(w):
+            return lab.mlp_family(data, vary="depth", width=w, residual=True, alpha=lambda k: 2 / k, init="spectral")
+
+    families = {w: depth_family(w) for w in cfg["widths"]}
 
     def family(size):
         w, d = _decode(size)
@@ -109,19 +136,19 @@ def main(argv=None):
             return lambda lr: so.muon(lr)
         if name == "moga":
             return lambda lr: so.moga(lr, p=2.0)
-        bases = {d: lab.mlp_family(data, vary="depth", width=BASE_WIDTH, residual=True, alpha=lambda k: 2 / k,
-                                   init="spectral")(d).shapes() for d in cfg["depths"]}
+        bases = {d: depth_family(BASE_WIDTH)(d).shapes() for d in cfg["depths"]}
         return lambda lr, size: so.mup_adamw(lr, base=bases[_decode(size)[1]])
 
     sizes = [_code(w, d) for d in cfg["depths"] for w in cfg["widths"]]
     os.makedirs(args.out, exist_ok=True)
-    results_path = os.path.join(args.out, f"joint_transfer_{preset}.jsonl")
+    stem = f"joint_transfer_{'gpt_' if gpt else ''}{preset}"
+    results_path = os.path.join(args.out, f"{stem}.jsonl")
     t0 = time.time()
     summary, results = {}, {}
     for name in cfg["optimizers"]:
-        res = lab.sweep(family, factory(name), sizes, lab.lr_grid(CENTERS[name], cfg["num_lrs"]), data,
+        res = lab.sweep(family, factory(name), sizes, lab.lr_grid(centers[name], cfg["num_lrs"]), data,
                         steps=cfg["steps"], batch_size=cfg["batch_size"], seeds=list(range(args.seeds)),
-                        results=results_path, name=f"joint/{name}", size_name="config",
+                        results=results_path, name=f"joint{'/gpt' if gpt else ''}/{name}", size_name="config",
                         schedule="warmup_cosine", eval_examples=1024, progress=not args.no_progress,
                         devices=devices)
         results[name] = res
@@ -143,13 +170,14 @@ def main(argv=None):
               f"{summary[name]['at_edge']}", flush=True)
     if not _devices.is_writer():  # multi-host: process 0 writes figures and the JSON
         return summary
-    fig = _figure(summary, cfg, os.path.join(args.out, f"joint_transfer_{preset}.png"))
+    model = "GPT, pre-LN, fused QKV" if gpt else "residual MLP"
+    fig = _figure(summary, cfg, os.path.join(args.out, f"{stem}.png"), centers, model)
     table = _table(summary, cfg)
     print(table)
     write_json(args.json, {
-        "benchmark": "joint_transfer", "preset": preset,
+        "benchmark": "joint_transfer", "preset": preset, "model": args.model,
         "config": dict(cfg, data=data.name, seeds=args.seeds, schedule="warmup_cosine", base_blocks=2,
-                       lr_centers={k: CENTERS[k] for k in cfg["optimizers"]}, mup_base_width=BASE_WIDTH),
+                       lr_centers={k: centers[k] for k in cfg["optimizers"]}, mup_base_width=BASE_WIDTH),
         "summary": summary, "table": table, "figure": fig,
         "runs": [r for res in results.values() for r in res.runs],
         "wall_s": time.time() - t0, "environment": environment(),
@@ -157,7 +185,7 @@ def main(argv=None):
     return summary
 
 
-def _figure(summary, cfg, path):
+def _figure(summary, cfg, path, centers, model):
     """Best peak LR against width, one curve per depth, one column per optimizer; train loss (top row)
     and validation loss (bottom row); the grey band is one grid step (x2) wide around the median."""
     import matplotlib
@@ -170,7 +198,7 @@ def _figure(summary, cfg, path):
     colors = plt.get_cmap("viridis")
     for j, name in enumerate(names):
         s = summary[name]
-        grid = lab.lr_grid(CENTERS[name], cfg["num_lrs"])
+        grid = lab.lr_grid(centers[name], cfg["num_lrs"])
         for i, (key, spread, what) in enumerate((("best_lr", "spread_steps", "train"),
                                                  ("best_lr_val", "spread_steps_val", "val"))):
             ax = axes[i, j]
@@ -192,7 +220,7 @@ def _figure(summary, cfg, path):
             if j == 0:
                 ax.set_ylabel(f"best peak LR ({what} loss)", fontsize=8)
     axes[0, 0].legend(fontsize=7)
-    fig.suptitle("one LR across width x depth (residual MLP, h + (2/K) f(h), Parametrization 1)", fontsize=9)
+    fig.suptitle(f"one LR across width x depth ({model}, h + (2/K) f(h), Parametrization 1)", fontsize=9)
     fig.tight_layout()
     lab.savefig(fig, path)
     plt.close(fig)

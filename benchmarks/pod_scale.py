@@ -27,20 +27,44 @@ embedding), ``llama1b`` (d 2048, 16 blocks, q / k / v / o, SwiGLU 8192, vocab
 32000, untied head). ``--scan``: every block parameter stacked on a leading
 layer axis (``nn.scan`` layout), its geometry given as an override.
 
+``--ns-dtype bfloat16``: muon's iteration in bfloat16, the default on GPU / TPU (a pod), compiled
+on CPU (its one-device reference too); matrices then move and Gram matrices sum in bfloat16. The
+CPU backend promotes every bfloat16 collective to float32 (its ``all-reduce-promotion`` and
+``float-normalization-bf16`` passes), so ``bytes_ratio`` counts them at 4 bytes; ``program_bytes``
+(``program_bytes_ratio``) reads the same step's collectives in the program XLA dumps after
+partitioning, before those passes (``--xla_dump_to``, pass ``all_to_all_decomposer``): what a GPU
+or TPU moves.
+
 ``python -m benchmarks.pod_scale --devices N --tree gpt2xl|llama1b|llama7b [--scan] [--tp K]
-[--mesh explicit|auto] [--optimizers a,b] [--plan] --json PATH``
+[--mesh explicit|auto] [--optimizers a,b] [--plan] [--ns-dtype bfloat16] --json PATH``
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import glob
 import json
 import math
+import os
+import shutil
+import sys
+import tempfile
 import time
 
 from benchmarks import _devices
 
 _devices.early_flags()  # --devices N: before JAX starts
+
+#: where the programs are dumped before the CPU backend promotes bfloat16 collectives to float32
+#: (its passes ``all-reduce-promotion`` and ``float-normalization-bf16``; a GPU / TPU keeps them
+#: bfloat16): with ``--ns-dtype bfloat16`` the collective bytes are also read there
+_DUMP = None
+if __name__ == "__main__" and any(a in ("--ns-dtype=bfloat16", "bfloat16") for a in sys.argv[1:]):
+    _DUMP = tempfile.mkdtemp(prefix="pod_scale_hlo_")
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={_DUMP} --xla_dump_hlo_pass_re=all_to_all_decomposer"
+    ).strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -59,12 +83,16 @@ TREES = {  # d, blocks, MLP width, vocab, kind
 #: parameter names whose fan-out (else fan-in) is split over 'model' with --tp (Megatron layout)
 COLUMN_PARALLEL = ("q", "k", "v", "gate", "up", "c_attn", "c_fc")
 
+#: each optimizer from ``(geometry overrides, ns_dtype)``; ``ns_dtype`` (``--ns-dtype``) is muon's
+#: ``compute_dtype`` (``None``: the backend default, float32 on CPU; ``bfloat16`` is the GPU / TPU one)
 OPTIMIZERS = {
-    "muon": lambda geometry: so.muon(0.02, geometry=geometry),
-    "muon(distribute=False)": lambda geometry: so.muon(0.02, geometry=geometry, distribute=False),
-    "optax.contrib.muon": lambda geometry: optax.contrib.muon(0.02),
-    "optax.adamw": lambda geometry: optax.adamw(1e-3),
-    "moga": lambda geometry: so.moga(0.01, geometry=geometry),
+    "muon": lambda geometry, dtype: so.muon(0.02, geometry=geometry, compute_dtype=dtype),
+    "muon(distribute=False)": lambda geometry, dtype: so.muon(
+        0.02, geometry=geometry, compute_dtype=dtype, distribute=False
+    ),
+    "optax.contrib.muon": lambda geometry, dtype: optax.contrib.muon(0.02),
+    "optax.adamw": lambda geometry, dtype: optax.adamw(1e-3),
+    "moga": lambda geometry, dtype: so.moga(0.01, geometry=geometry),
 }
 
 
@@ -138,8 +166,24 @@ def compile_step(tx, params):
     return (*_costs(compiled), seconds)
 
 
+def program_bytes() -> int | None:
+    """Collective operand bytes of the last compiled step as partitioned, before the CPU backend
+    promotes bfloat16 collectives to float32 (the dump of :data:`_DUMP`); ``None`` without one."""
+    if _DUMP is None:
+        return None
+    files = sorted(glob.glob(os.path.join(_DUMP, "*jit_step*after_all_to_all_decomposer*.txt")), key=os.path.getmtime)
+    if not files:
+        return None
+    with open(files[-1]) as f:
+        text = f.read()
+    for name in glob.glob(os.path.join(_DUMP, "*")):  # keep the disk clean between optimizers
+        if os.path.isfile(name):
+            os.remove(name)
+    return int(sum(collective_bytes(text).values()))
+
+
 def measure(tree: str, n: int, mesh_kind: str = "explicit", tp: int = 1, scan: bool = False,
-            optimizers=None, tokens: int = 2**20, plan: bool = False) -> list[dict]:  # fmt: skip
+            optimizers=None, tokens: int = 2**20, plan: bool = False, ns_dtype=None) -> list[dict]:  # fmt: skip
     shapes, geometry = tree_shapes(tree, scan)
     is_shape = lambda s: isinstance(s, tuple)
     mode = AxisType.Explicit if mesh_kind == "explicit" else AxisType.Auto
@@ -162,18 +206,21 @@ def measure(tree: str, n: int, mesh_kind: str = "explicit", tp: int = 1, scan: b
     )
     fwd_bwd = 6 * num_params * tokens / n
     if plan:
-        print(so.orthogonalization_plan(sharded, geometry=geometry, kinds=("matrix",)))  # muon's default routes
+        print(so.orthogonalization_plan(sharded, geometry=geometry, kinds=("matrix",), ns_coefficients="auto",
+                                        compute_dtype=ns_dtype))  # muon's default routes  # fmt: skip
     rows = []
     for name, make in OPTIMIZERS.items():
         if optimizers and name not in optimizers:
             continue
-        tx = make(geometry)
+        tx = make(geometry, ns_dtype)
         row: dict = {"tree": tree, "scan": scan, "devices": n, "tp": tp, "mesh": mesh_kind, "optimizer": name,
+                     "ns_dtype": None if ns_dtype is None else jnp.dtype(ns_dtype).name,
                      "params": num_params, "shard_bytes": shard_bytes, "largest_matrix_bytes": largest}  # fmt: skip
         try:
             ref_flops, _, _, ref_s = compile_step(tx, plain)
             with jax.set_mesh(mesh):
                 flops, comm, temp, seconds = compile_step(tx, sharded)
+            program = program_bytes()
         except Exception as e:  # noqa: BLE001  (a layout an optimizer does not compile on)
             row["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(row)
@@ -183,6 +230,7 @@ def measure(tree: str, n: int, mesh_kind: str = "explicit", tp: int = 1, scan: b
             "flops_per_device": flops, "one_device_flops": ref_flops,
             "flops_ratio": flops / (ref_flops / n) if ref_flops else None,
             "collective_bytes": comm, "bytes_ratio": comm / shard_bytes,
+            "program_bytes": program, "program_bytes_ratio": None if program is None else program / shard_bytes,
             "temp_bytes": temp, "temp_gib": temp / 2**30, "temp_over_shard": temp / shard_bytes,
             "temp_over_largest": temp / largest, "compile_s": seconds, "one_device_compile_s": ref_s,
             "tokens": tokens, "step_share": flops / fwd_bwd,
@@ -202,12 +250,17 @@ def main(argv=None):
     ap.add_argument("--optimizers", default=None, help=f"comma-separated subset of {list(OPTIMIZERS)}")
     ap.add_argument("--tokens", type=int, default=2**20, help="tokens per step for the step share (default 1M)")
     ap.add_argument("--plan", action="store_true", help="print so.orthogonalization_plan first")
+    ap.add_argument("--ns-dtype", default=None, choices=("float32", "bfloat16"),
+                    help="muon's iteration dtype (default: the backend's, float32 on CPU; GPU / TPU: bfloat16)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     if jax.device_count() < args.devices:
         raise SystemExit(f"--devices {args.devices}: only {jax.device_count()} devices (set it before JAX starts)")
     opts = args.optimizers.split(",") if args.optimizers else None
-    rows = measure(args.tree, args.devices, args.mesh, args.tp, args.scan, opts, args.tokens, args.plan)
+    if _DUMP is not None:
+        atexit.register(shutil.rmtree, _DUMP, True)
+    rows = measure(args.tree, args.devices, args.mesh, args.tp, args.scan, opts, args.tokens, args.plan,
+                   None if args.ns_dtype is None else jnp.dtype(args.ns_dtype))  # fmt: skip
     if args.json:
         meta = {"jax": jax.__version__, "backend": jax.default_backend(), "argv": argv,
                 "date": time.strftime("%Y-%m-%d", time.gmtime())}  # fmt: skip

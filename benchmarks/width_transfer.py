@@ -51,6 +51,13 @@ from spectral_optax import lab  # noqa: E402
 
 BASE_WIDTH = 64
 
+#: ``mup_adamw``'s embedding learning-rate multiplier (``so.route_lr_scale(embedding=...)``), tuned at the base
+#: width 64 on the quick preset (2026-12-01, train loss at the best LR: x1 2.865, x4 2.707, x16 2.634, x32 2.674,
+#: x64 2.709; SP AdamW 2.559) and kept at every width, as muP keeps its per-group multipliers. Each embedding row
+#: (one per position and byte) gets a gradient in a fraction of the steps only, so Adam's normalized step moves it
+#: slowly at the global learning rate. docs/benchmarks.md, "Why the muP family trails SP AdamW at small width".
+MUP_EMBEDDING_LR_SCALE = 16.0
+
 
 PRESETS = {
     # widths, LR-grid points, steps, seeds; Muon's widest model on a CPU
@@ -74,12 +81,20 @@ def settings(preset: str, accelerator: bool, muon_max_width: int | None = None) 
     return cfg
 
 
-def optimizer_specs(family_for, base_width=BASE_WIDTH, ns_dtype=None):
+def optimizer_specs(family_for, base_width=BASE_WIDTH, ns_dtype=None, embedding_lr_scale=MUP_EMBEDDING_LR_SCALE):
     """name -> (init parametrization, LR grid center, factory(lr, width))."""
     base = family_for("spectral")(base_width).shapes()
+    if not any(so.route_of(g) == "embedding" for _, g in so.as_geometry_map().leaves(base)):
+        embedding_lr_scale = 1.0  # dense inputs (digits, CIFAR): no embedding table to scale
+
+    def mup_adamw(lr, n):
+        tx = so.mup_adamw(lr, base=base)
+        return tx if embedding_lr_scale == 1 else optax.chain(tx, so.route_lr_scale(embedding=embedding_lr_scale))
+
     specs = {
         "spectral_sgd": ("spectral", 0.03, lambda lr, n: so.spectral_sgd(lr, momentum=0.9)),
-        "mup_adamw": ("spectral", 0.015, lambda lr, n: so.mup_adamw(lr, base=base)),
+        # The grid center follows the multiplier: best LR 0.0236 at x1, 0.0076 at x16 (width 64).
+        "mup_adamw": ("spectral", 0.015 if embedding_lr_scale == 1 else 0.008, mup_adamw),
     }
     if hasattr(so, "muon"):
         specs["muon"] = ("spectral", 0.03, lambda lr, n: so.muon(lr, compute_dtype=ns_dtype))
@@ -108,6 +123,12 @@ def main(argv=None):
         "O(n^3) per step; no limit on a GPU/TPU)",
     )
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
+    p.add_argument(
+        "--mup-embedding-lr-scale",
+        type=float,
+        default=MUP_EMBEDDING_LR_SCALE,
+        help=f"mup_adamw's embedding LR multiplier (default {MUP_EMBEDDING_LR_SCALE:g}; 1: plain mup_adamw)",
+    )
     _common.add_dtype_argument(p)
     p.add_argument("--no-progress", action="store_true")
     _devices.add_arguments(p)
@@ -141,7 +162,7 @@ def main(argv=None):
             compute_dtype=model_dtype,
         )
 
-    specs = optimizer_specs(family_for, ns_dtype=ns_dtype)
+    specs = optimizer_specs(family_for, ns_dtype=ns_dtype, embedding_lr_scale=args.mup_embedding_lr_scale)
     if args.optimizers:
         wanted = args.optimizers.split(",")
         unknown = [w for w in wanted if w not in specs]
@@ -178,7 +199,7 @@ def main(argv=None):
                 seeds=seeds,
                 results=results_path,
                 name=name,
-                tag=tag,
+                tag=tag + (f"/emb{args.mup_embedding_lr_scale:g}" if name == "mup_adamw" else ""),
                 size_name="width",
                 progress=not args.no_progress,
                 devices=devices,

@@ -79,7 +79,10 @@ from spectral_optax._transforms.momentum import EmaMomentumState, ema_momentum
 from spectral_optax._transforms.neuron_norm import ScaleByNeuronSecondMomentState, scale_by_neuron_second_moment
 from spectral_optax._transforms.orthogonalize import orthogonalization_plan, orthogonalize_via_newton_schulz
 from spectral_optax._transforms.parametrization import (
+    ROUTES,
     lr_multiplier,
+    route_lr_scale,
+    route_of,
     scale_by_parametrization1,
 )
 from spectral_optax._transforms.row_column import (
@@ -158,6 +161,9 @@ __all__ = [
     "scale_by_spectral_norm",
     "lr_multiplier",
     "scale_by_parametrization1",
+    "ROUTES",
+    "route_lr_scale",
+    "route_of",
     "scale_by_col_norm",
     "scale_by_row_norm",
     "scale_by_sign",

@@ -18,17 +18,31 @@ plan picks, per group, the ``k`` minimizing::
 
     flops(k) + FLOPS_PER_BYTE * gram_bytes(k),
     flops(k)      = ceil(B k / N) * (whole-matrix flops          if k = 1,
-                                     steps 6 m^2 c                   if k = N and c < m,
+                                     steps 6 m^2 c                   if k > 1 and c < m,
                                      steps (4 m^2 c + 2 m^3)         otherwise),   c = ceil(n / k),
     gram_bytes(k) = ceil(B k / N) * steps * m^2 * itemsize(compute dtype)   (k > 1).
 
-Split over every device (``k = N``, one owner group) the iteration runs under
-``shard_map`` and a block narrower than its Gram matrix (``c < m``) is updated
-as ``b (A X) + c A (A X)`` (``2 m^2 c`` for the Gram and ``4 m^2 c`` for the
+A split group runs under ``shard_map`` (over every device for ``k = N``, else on
+the devices viewed as an ``(N / k, k)`` mesh, the Gram sums over each owner
+group) and a block narrower than its Gram matrix (``c < m``) is updated as
+``b (A X) + c A (A X)`` (``2 m^2 c`` for the Gram and ``4 m^2 c`` for the
 update, instead of ``2 m^3 + 2 m^2 c``): no device repeats the ``A^2`` product.
 
 Every device runs every group's program (one SPMD program), so the flops of
 a device are the sum over groups of ``flops(k)``.
+
+**Packing** (``pack_groups``). A split group ``A`` (``m x n``, ``k`` column
+blocks of width ``c = n / k``) and a group ``B`` of whole ``m x c`` matrices
+have local blocks of one shape, so ``B``'s matrices can ride in ``A``'s stack,
+``k`` of them side by side in one ``m x k c`` unit whose owner group must not
+sum their Gram matrices: each owner group runs its blocks with the Gram sum
+(a unit of ``A``) or without it (a unit of ``B``), decided per owner group at
+run time (``lax.cond`` on the owner-group index). The units,
+``B_A + ceil(B_B / k)``, are dealt to the ``N / k`` owner groups, ``b`` per
+group, and a device's flops are ``b * max(split block, whole m x c)``
+(Llama-style 1.2B on 256 devices: 48 MLP matrices of ``2048 x 8192`` in 4
+blocks and 64 squares, 4 per unit: 64 units, one ``2048 x 2048`` block per
+device). The pack replaces the two groups' plans when it costs less.
 """
 
 from __future__ import annotations
@@ -60,6 +74,9 @@ class GroupPlan:
       move_bytes: bytes per device moving the group's matrices to their owners and back
         (an upper bound: the device's share of the group, twice, in the moved dtype).
       paths: the parameter paths whose slices are in the group.
+      packed_with: ``(m, n)`` of the group this one shares a stack with (``pack_groups``):
+        on the split group the flops and bytes are the pack's, on the packed group zero.
+      packed_count: on the split group of a pack, the number of matrices packed into its units.
     """
 
     m: int
@@ -73,11 +90,21 @@ class GroupPlan:
     gram_bytes: float
     move_bytes: float
     paths: tuple[str, ...]
+    packed_with: tuple[int, int] | None = None
+    packed_count: int = 0
 
     @property
     def per_device(self) -> int:
         """Matrices (or column blocks of them, when ``split > 1``) held by one device."""
-        return -(-self.count // self.owners)
+        if self.packed_with is not None and self.split == 1:
+            return 0  # in the split group's units
+        return -(-self.units // self.owners)
+
+    @property
+    def units(self) -> int:
+        """The number of stacked units dealt to the owner groups; for a pack, the split group's matrices
+        plus ``ceil(count / split)`` units of ``split`` packed matrices each."""
+        return self.count + (-(-self.packed_count // self.split) if self.packed_with else 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +144,8 @@ class OrthogonalizationPlan:
         ]
         for g in self.groups:
             paths = ", ".join(g.paths[:2]) + (f", ... ({len(g.paths)})" if len(g.paths) > 2 else "")
+            if g.packed_with is not None:
+                paths = f"[packed with {g.packed_with[0]} x {g.packed_with[1]}] " + paths
             lines.append(
                 f"{f'{g.m} x {g.n}':>15} {g.count:>6} {g.split:>5} {g.owners:>6} {g.per_device:>7} "
                 f"{g.method:>8} {g.flops / 1e9:>10.2f} {g.gram_bytes / 2**20:>9.1f} "
@@ -169,8 +198,7 @@ def plan_group(
             flops, gram, meth = float(per * whole), 0.0, method
         else:
             assert steps is not None
-            narrow = owners == 1 and cols < m  # shard_map over every device: b (A X) + c A (A X)
-            flops = float(per * steps * (6 * m * m * cols if narrow else 4 * m * m * cols + 2 * m**3))
+            flops = float(per * split_block_flops(m, cols, steps))
             gram, meth = float(per * steps * m * m * compute_itemsize), "standard"
         move = float(2 * math.ceil(count * m * n / devices) * move_itemsize)
         plan = GroupPlan(m, n, count, k, owners, meth, flops, float(count * whole), gram, move, paths)
@@ -179,3 +207,61 @@ def plan_group(
             best = (score, k, plan)
     assert best is not None
     return best[2]
+
+
+def split_block_flops(m: int, cols: int, steps: int) -> int:
+    """Flops on one device of a matrix with ``m`` rows split in column blocks of width ``cols``
+    (under ``shard_map``): ``steps 6 m^2 cols`` when the block is narrower than its Gram matrix
+    (``b (A X) + c A (A X)``), else ``steps (4 m^2 cols + 2 m^3)``."""
+    return steps * (6 * m * m * cols if cols < m else 4 * m * m * cols + 2 * m**3)
+
+
+def pack_groups(
+    plans: dict, devices: int, *, steps: int | None, compute_itemsize: int, whole_methods: dict | None = None
+) -> dict:
+    """``plans`` (``{(m, n): GroupPlan}``) with a split group and a group of whole matrices of
+    its block shape sharing one stack where that costs less (module docstring, "Packing"); at
+    most one pack per split group, the cheapest first.
+
+    Args:
+      plans: the groups' own plans (:func:`plan_group`).
+      devices: number ``N`` of devices.
+      steps: Newton-Schulz steps (``None``: no packing).
+      compute_itemsize: bytes per element of the iteration's dtype (the Gram all-reduces).
+      whole_methods: ``{(m, n): method}``, the whole-matrix iteration of each group (default:
+        each plan's ``method``), run by a packed group.
+    """
+    if not steps:
+        return plans
+    plans = dict(plans)
+    best = []
+    for a in plans.values():
+        if a.split == 1 or a.owners == 1 or a.n % a.split:
+            continue
+        cols = a.n // a.split
+        b = plans.get((a.m, cols)) if cols >= a.m else None
+        if b is None or b.packed_with is not None:
+            continue
+        units = a.count + -(-b.count // a.split)
+        per = -(-units // a.owners)
+        whole = b.whole_flops / b.count
+        flops = float(per * max(split_block_flops(a.m, cols, steps), whole))
+        gram = float(per * steps * a.m * a.m * compute_itemsize)
+        gain = a.flops + b.flops + FLOPS_PER_BYTE * (a.gram_bytes + b.gram_bytes) - flops - FLOPS_PER_BYTE * gram
+        if gain > 0:
+            best.append((-gain, (a.m, a.n), (b.m, b.n), flops, gram))
+    for _, ka, kb, flops, gram in sorted(best):
+        a, b = plans[ka], plans[kb]
+        if a.packed_with is not None or b.packed_with is not None:
+            continue
+        plans[ka] = dataclasses.replace(a, flops=flops, gram_bytes=gram, packed_with=kb, packed_count=b.count)
+        plans[kb] = dataclasses.replace(
+            b,
+            split=1,
+            owners=devices,
+            method=(whole_methods or {}).get(kb, b.method),
+            flops=0.0,
+            gram_bytes=0.0,
+            packed_with=ka,
+        )
+    return plans

@@ -78,6 +78,7 @@ TRANSFORMS = {
     "ema_momentum": lambda: so.ema_momentum(0.9, nesterov=True, bias_correction=True),
     "decoupled_weight_decay": lambda: so.decoupled_weight_decay(0.1, 0.01),
     "depth_residual_scale": lambda: so.depth_residual_scale(4, mask=r"Dense_1/kernel$"),
+    "route_lr_scale": lambda: so.route_lr_scale(embedding=4.0, output=0.5),
 }
 
 ALL = {**{k: (lambda c=c, kw=kw: c(**kw)) for k, (c, kw) in OPTIMIZERS.items()}, **TRANSFORMS}
@@ -131,7 +132,7 @@ def test_tree_map_params_maps_every_param_shaped_leaf(name):
     assert len(sevens) == n_mapped
     stateful = not name.startswith(("scale_by_row", "scale_by_col", "scale_by_sign", "orthogonalize",
                                     "scale_by_fan", "scale_by_param", "decoupled", "scale_by_spectral",
-                                    "depth"))
+                                    "depth", "route"))
     assert (n_mapped >= n_params) if stateful else (n_mapped == 0)
 
 

@@ -99,3 +99,20 @@ def test_gpt_depth_rules_side_by_side(tmp_path):
                 assert loss == pytest.approx(other, rel=1e-5)
             else:
                 assert abs(loss - other) > 1e-4
+
+
+def test_joint_transfer_gpt(tmp_path):
+    """``--model gpt``: the GPT family at every width x depth, its own results file and figure."""
+    from benchmarks import joint_transfer
+
+    path = tmp_path / "joint_gpt.json"
+    joint_transfer.main(["--quick", "--model", "gpt", "--widths", "16,32", "--depths", "2,4", "--steps", "3",
+                         "--num-lrs", "2", "--batch-size", "2", "--optimizers", "muon", "--json", str(path),
+                         "--out", str(tmp_path), "--no-progress"])
+    res = json.loads(path.read_text())
+    assert res["model"] == "gpt" and set(res["summary"]) == {"muon"}
+    assert set(res["summary"]["muon"]["best_lr"]) == {f"w{w}/K{d}" for w in (16, 32) for d in (2, 4)}
+    runs = res["runs"]
+    assert len(runs) == 4 * 2 and all(r["name"] == "joint/gpt/muon" for r in runs)
+    assert all(np.isfinite(r["train_loss"]) for r in runs)
+    assert (tmp_path / "joint_transfer_gpt_quick.png").exists()

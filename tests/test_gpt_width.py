@@ -174,3 +174,27 @@ def test_diagnose_end_to_end(tmp_path):
     assert all(d > 0 for v in muon["decrease"]["all"].values() for d in v)
     with open(res["figure"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_muon_ablation_options_reach_the_routes():
+    """``--muon-adam-lr`` / ``--muon-head adamw``: the head and the embeddings take AdamW's first step
+    (each entry -lr * sign(g), bias-corrected) at the fixed LR, the hidden matrix Muon's."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    params = {"embed": {"embedding": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)},
+              "Dense_0": {"kernel": jnp.asarray(rng.standard_normal((8, 8)), jnp.float32)},
+              "head": {"kernel": jnp.asarray(rng.standard_normal((8, 16)), jnp.float32)}}
+    grads = {k: {n: jnp.asarray(rng.standard_normal(v.shape), jnp.float32) for n, v in d.items()}
+             for k, d in params.items()}
+    tx = gpt_width.optimizer_factory("muon", None, {"adam_learning_rate": 0.01, "output": "adamw"})(0.5)
+    u, _ = tx.update(grads, tx.init(params), params)
+    for path in (("head", "kernel"), ("embed", "embedding")):
+        np.testing.assert_allclose(np.asarray(u[path[0]][path[1]]), -0.01 * np.sign(grads[path[0]][path[1]]),
+                                   rtol=1e-4)
+    # The hidden matrix: Muon at lr 0.5 (an orthogonalized step, singular values near 0.5, not AdamW's).
+    s = np.linalg.svd(np.asarray(u["Dense_0"]["kernel"], np.float64), compute_uv=False)
+    assert 0.5 * 0.6 < s.min() and s.max() < 0.5 * 1.25
+    plain = gpt_width.optimizer_factory("muon")(0.5)
+    u0, _ = plain.update(grads, plain.init(params), params)
+    assert not np.allclose(np.asarray(u0["head"]["kernel"]), np.asarray(u["head"]["kernel"]))

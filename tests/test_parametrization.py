@@ -9,6 +9,7 @@ import pytest
 
 import spectral_optax as so
 from spectral_optax import GeometryError
+from spectral_optax._geometry import path_str
 
 
 def mlp_params(width, d_in=3072, d_out=1, bias=True):
@@ -145,3 +146,86 @@ def test_describe_real_transformer(capsys):
     assert rows["Embed_0/embedding"]["lr_sgd"] == pytest.approx(4.0)
     assert rows["Dense_1/kernel"]["target_norm"] == pytest.approx(2.0)  # 128 -> 512
     assert rows["Dense_0/kernel"]["target_norm"] == pytest.approx(0.5)  # 512 -> 128 (constructed first)
+
+
+# --------------------------------------------------------------------------
+# route_lr_scale: per-route multipliers after a complete optimizer.
+# --------------------------------------------------------------------------
+def routed_params(dtype=jnp.float32):
+    k = jax.random.split(jax.random.key(3), 5)
+    return {
+        "embed": {"embedding": jax.random.normal(k[0], (12, 8), dtype)},
+        "Dense_0": {"kernel": jax.random.normal(k[1], (8, 8), dtype), "bias": jnp.zeros((8,), dtype)},
+        "LayerNorm_0": {"scale": jnp.ones((8,), dtype)},
+        "head": {"kernel": jax.random.normal(k[2], (8, 5), dtype)},
+    }
+
+
+ROUTE_OF_PATH = {"embed/embedding": "embedding", "Dense_0/kernel": "hidden", "Dense_0/bias": "vector",
+                 "LayerNorm_0/scale": "vector", "head/kernel": "output"}
+
+
+def adam_reference(params, grads_seq, lr, factors, b1=0.9, b2=0.999, eps=1e-8):
+    """float64 NumPy Adam (bias-corrected), each leaf's step times its route's factor."""
+    flat = {path_str(p): np.asarray(x, np.float64) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    m = {k: np.zeros_like(v) for k, v in flat.items()}
+    v2 = {k: np.zeros_like(v) for k, v in flat.items()}
+    for t, grads in enumerate(grads_seq, start=1):
+        g = {path_str(p): np.asarray(x, np.float64) for p, x in jax.tree_util.tree_flatten_with_path(grads)[0]}
+        for k in flat:
+            m[k] = b1 * m[k] + (1 - b1) * g[k]
+            v2[k] = b2 * v2[k] + (1 - b2) * g[k] ** 2
+            step = (m[k] / (1 - b1**t)) / (np.sqrt(v2[k] / (1 - b2**t)) + eps)
+            flat[k] = flat[k] - lr * factors.get(ROUTE_OF_PATH[k], 1.0) * step
+    return flat
+
+
+@pytest.mark.parametrize("factors", [{"embedding": 16.0}, {"output": 0.25, "vector": 3.0, "hidden": 2.0}])
+def test_route_lr_scale_against_float64_adam(factors):
+    params = routed_params()
+    grads_seq = random_grads(params, 3, seed=1)
+    got = run(optax.chain(optax.adam(1e-2), so.route_lr_scale(**factors)), params, grads_seq)
+    want = adam_reference(params, grads_seq, 1e-2, factors)
+    start = {
+        path_str(p): np.asarray(x, np.float64) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    for p, x in jax.tree_util.tree_flatten_with_path(got)[0]:
+        k = path_str(p)
+        # The change of each leaf; 2e-4: optax's float32 bias correction 1 - 0.999^t (1e-4 relative at t <= 3).
+        np.testing.assert_allclose(np.asarray(x, np.float64) - start[k], want[k] - start[k], rtol=2e-4, atol=1e-7,
+                                   err_msg=k)
+    # Routes as the geometry decides them (the reference's table is written by hand).
+    assert {p: so.route_of(g) for p, g in so.as_geometry_map().leaves(params)} == ROUTE_OF_PATH
+
+
+def test_route_lr_scale_multisteps_inject_and_dtype():
+    params = routed_params()
+    grads_seq = random_grads(params, 4, seed=2)
+    # MultiSteps: 2 micro-batches per step, so the reference sees the means of pairs.
+    tx = optax.MultiSteps(optax.chain(optax.adam(1e-2), so.route_lr_scale(embedding=8.0)), every_k_schedule=2)
+    got = run(tx, params, grads_seq)
+    pairs = [jax.tree.map(lambda a, b: (a + b) / 2, grads_seq[i], grads_seq[i + 1]) for i in (0, 2)]
+    want = adam_reference(params, pairs, 1e-2, {"embedding": 8.0})
+    e0 = np.asarray(params["embed"]["embedding"], np.float64)
+    np.testing.assert_allclose(np.asarray(got["embed"]["embedding"], np.float64) - e0, want["embed/embedding"] - e0,
+                               rtol=2e-4, atol=1e-7)
+    # inject_hyperparams: the multiplier as a (traced) hyperparameter.
+    inj = optax.inject_hyperparams(so.route_lr_scale)(embedding=8.0)
+    u, _ = inj.update(grads_seq[0], inj.init(params), params)
+    np.testing.assert_allclose(u["embed"]["embedding"], 8.0 * grads_seq[0]["embed"]["embedding"], rtol=1e-6)
+    np.testing.assert_array_equal(u["head"]["kernel"], grads_seq[0]["head"]["kernel"])
+    # bfloat16 updates stay bfloat16.
+    pb = routed_params(jnp.bfloat16)
+    tx = so.route_lr_scale(embedding=4.0)
+    u, _ = tx.update(pb, tx.init(pb), pb)
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(u))
+
+
+def test_route_lr_scale_bad_values():
+    with pytest.raises(ValueError, match=r"embedding=-1.0 must be a finite number >= 0"):
+        so.route_lr_scale(embedding=-1.0)
+    with pytest.raises(ValueError, match=r"output=nan"):
+        so.route_lr_scale(output=float("nan"))
+    no_embedding = {"Dense_0": {"kernel": jnp.zeros((4, 4))}, "head": {"kernel": jnp.zeros((4, 2))}}
+    with pytest.raises(GeometryError, match=r"no parameter has route \['embedding'\].*hidden \(1: Dense_0/kernel\)"):
+        so.route_lr_scale(embedding=16.0).init(no_embedding)
+    so.route_lr_scale(output=2.0).init(no_embedding)  # a route the model has: fine

@@ -99,6 +99,81 @@ print("ok")
     assert "ok" in out, out
 
 
+def test_packed_split_and_whole_matrices_on_16_devices():
+    """The one-shape deal of Llama 1.2B on 256 devices at 1/16 of the size: 3 matrices of 64 x 8192
+    (one stored tall) split in 4 column blocks of 64 x 2048 over owner groups of 4 devices, and 4 whole
+    64 x 2048 matrices (one tall) packed side by side into the fourth owner group, whose Gram matrices
+    must not be summed (``lax.cond`` on the owner group). 16 blocks of one shape, one per device:
+    compiled flops within 5% of the plan (measured 1.037x; 1.009x the one-device total / 16), the
+    all-reduce bytes exactly the plan's Gram bytes (5 steps of 64 x 64 float32, plus two scalars).
+    Values equal the one-device run (rel 1e-5) and the float64 reference, under ``jax.set_mesh``
+    (``shard_map`` on a concrete view of the devices) and without it (an abstract one). Then squares
+    sharded on their rows, split over owner groups (taken transposed): equal to one device."""
+    out = run_script(
+        REFERENCE
+        + CLOSE
+        + """
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import spectral_optax as so
+from spectral_optax._duals.polar import MUON_QUINTIC
+from benchmarks.sharded_speed import collective_bytes
+
+shapes = {"b0": (64, 2048), "b1": (64, 2048), "b2": (64, 2048), "b3": (2048, 64),
+          "up0": (64, 8192), "up1": (64, 8192), "down0": (8192, 64)}
+keys = iter(jax.random.split(jax.random.key(0), 8))
+grads = {k: {"kernel": jax.random.normal(next(keys), s)} for k, s in shapes.items()}
+mesh = jax.make_mesh((16,), ("data",))
+spec = lambda x: P("data", None) if x.shape[0] % 16 == 0 else P(None, "data")
+sharded = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), grads)
+tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0)
+plan = so.orthogonalization_plan(sharded, ns_method="standard")
+print(plan)
+wide, whole = {(g.m, g.n): g for g in plan.groups}[(64, 8192)], {(g.m, g.n): g for g in plan.groups}[(64, 2048)]
+assert (wide.split, wide.owners, wide.packed_with, whole.packed_with) == (4, 4, (64, 2048), (64, 8192)), plan
+with jax.set_mesh(mesh):
+    compiled = jax.jit(tx.update).lower(sharded, tx.init(sharded)).compile()
+    got, _ = compiled(sharded, tx.init(sharded))
+flops, coll = compiled.cost_analysis()["flops"], collective_bytes(compiled.as_text())
+print("flops", flops, "plan", plan.flops_per_device, "collectives", coll, "gram", wide.gram_bytes)
+assert plan.flops_per_device <= flops <= 1.05 * plan.flops_per_device, (flops, plan.flops_per_device)
+assert wide.gram_bytes <= coll["all-reduce"] <= wide.gram_bytes + 64, (coll, wide.gram_bytes)
+plain, _ = jax.jit(tx.update)(sharded, tx.init(sharded))  # no set_mesh: shard_map on the abstract view
+one, _ = jax.jit(tx.update)(jax.device_put(grads, jax.devices()[0]), None)
+for where, tree in (("set_mesh", got), ("abstract", plain)):
+    for name in grads:
+        close(tree[name]["kernel"], one[name]["kernel"], f"{where} {name} vs one device")
+        want = ns_reference(grads[name]["kernel"], [MUON_QUINTIC] * 5)
+        err = np.max(np.abs(np.asarray(tree[name]["kernel"], np.float64) - want)) / np.max(np.abs(want))
+        print(where, name, err)
+        assert err < 1e-4, (where, name, err)
+        assert tree[name]["kernel"].sharding.is_equivalent_to(NamedSharding(mesh, spec(grads[name]["kernel"])), 2)
+
+# Squares sharded on their rows (FSDP P('data', None), and a stacked one), split over owner groups
+# of 4 (the cost model told that collectives are free): taken transposed, equal to one device.
+import spectral_optax._plan as plan_module
+plan_module.FLOPS_PER_BYTE = 0.0
+squares = {"sq0": (256, 256), "sq1": (256, 256), "scan": (2, 256, 256)}
+grads = {k: {"kernel": jax.random.normal(jax.random.key(i + 10), s)} for i, (k, s) in enumerate(squares.items())}
+geometry = {r"scan/kernel$": dict(kind="matrix", fan_in_axes=(-2,), fan_out_axes=(-1,))}
+specs = {"sq0": P("data", None), "sq1": P("data", None), "scan": P(None, "data", None)}
+sharded = {k: {"kernel": jax.device_put(v["kernel"], NamedSharding(mesh, specs[k]))} for k, v in grads.items()}
+tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0, geometry=geometry)
+group = so.orthogonalization_plan(sharded, ns_method="standard", geometry=geometry).groups[0]
+assert (group.split, group.owners) == (4, 4), group
+with jax.set_mesh(mesh):
+    got, _ = jax.jit(tx.update)(sharded, None)
+one, _ = jax.jit(tx.update)(jax.device_put(grads, jax.devices()[0]), None)
+for name in grads:
+    close(got[name]["kernel"], one[name]["kernel"], f"rows-sharded {name}")
+    assert got[name]["kernel"].sharding.is_equivalent_to(NamedSharding(mesh, specs[name]), got[name]["kernel"].ndim)
+print("ok")
+""",
+        devices=16,
+    )
+    assert "ok" in out, out
+
+
 # Fused QKV on the fan-out, stacked layers sharded on each of their axes, a wide head, an embedding,
 # vectors; on a 1-D FSDP mesh, a 2-D ('data', 'model') mesh and a one-device mesh, Explicit and Auto.
 LAYOUTS = """
@@ -264,3 +339,14 @@ def test_printed_plan_of_a_pod_sized_tree():
     text = str(plan)
     assert "2048 x 32000" in text and "2048 x 8192" in text and "lm_head/kernel" in text, text
     assert plan.flops_per_device <= 1.3 * plan.total_flops / 64, text  # 1.265 (1.375 with A^2 on every device)
+    # 256 devices: the 48 wide matrices in 4 blocks of 2048 x 2048 and the 64 squares packed 4 per
+    # unit fill the 64 owner groups of 4, one block per device: 6 d^3 per step, and the head split
+    # over all 256 (1.845x the one-device float32 total / 256, which runs the wide ones Gram-space)
+    plan = so.orthogonalization_plan(tree, devices=256, geometry={r"lm_head/kernel$": {"kind": "matrix"}})
+    by_shape = {(g.m, g.n): g for g in plan.groups}
+    wide, square = by_shape[(d, f)], by_shape[(d, d)]
+    assert (wide.split, wide.owners, wide.units, wide.per_device) == (4, 64, 64, 1), str(plan)
+    assert wide.packed_with == (d, d) and square.packed_with == (d, f) and square.flops == 0, str(plan)
+    assert wide.flops == steps * 6 * d**3 and wide.gram_bytes == steps * d * d * 4
+    assert plan.flops_per_device <= 2 * plan.total_flops / 256, str(plan)
+    assert "[packed with 2048 x 8192]" in str(plan)

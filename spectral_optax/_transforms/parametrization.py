@@ -24,8 +24,10 @@ References:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -38,6 +40,23 @@ from spectral_optax._geometry import (
 )
 
 P1_RULES = ("sgd", "adam")
+
+#: The routes of :func:`route_lr_scale` (and of the named optimizers' routing tables).
+ROUTES = ("hidden", "output", "embedding", "vector", "elementwise")
+
+
+def route_of(geometry: Geometry) -> str:
+    """A leaf's route: ``'hidden'`` / ``'output'`` matrices by role, else its kind.
+
+    Args:
+      geometry: the leaf's :class:`~spectral_optax.Geometry`.
+
+    Returns:
+      One of :data:`ROUTES`.
+    """
+    if geometry.kind == "matrix":
+        return "output" if geometry.role == "output" else "hidden"
+    return geometry.kind
 
 
 def lr_multiplier(geometry: Geometry, kind: str) -> float:
@@ -129,3 +148,89 @@ def scale_by_parametrization1(
         return map_with_geometry(leaf, gmap, updates, with_path=True, skip_empty=True), state
 
     return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
+
+
+def route_lr_scale(
+    *,
+    hidden: float = 1.0,
+    output: float = 1.0,
+    embedding: float = 1.0,
+    vector: float = 1.0,
+    elementwise: float = 1.0,
+    geometry: GeometryLike = None,
+) -> optax.GradientTransformation:
+    """Per-route learning-rate multipliers, placed after a complete optimizer.
+
+    ``u_l <- c_r(l) u_l`` with ``r(l)`` the leaf's route (:func:`route_of`):
+    hidden or output (read-out) matrices by role, else the geometry's kind
+    (``'embedding'``, ``'vector'``, ``'elementwise'``). The multipliers are
+    width-independent hyperparameters, tuned at the base width and kept
+    (muP's per-group multipliers), e.g. an embedding learning rate 16x the
+    global one for ``mup_adamw`` on the byte-level main job
+    (docs/benchmarks.md, "Why the muP family trails SP AdamW at small
+    width")::
+
+        optax.chain(so.mup_adamw(lr, base=base), so.route_lr_scale(embedding=16.0))
+
+    A multiplier scales the whole update of its route, decoupled weight decay
+    included (a learning rate multiplies the decay too).
+
+    Args:
+      hidden: multiplier of hidden matrices (``kind='matrix'``, role ``'hidden'``).
+      output: multiplier of read-out matrices (role ``'output'``).
+      embedding: multiplier of embedding tables.
+      vector: multiplier of biases and norm scales.
+      elementwise: multiplier of leaves no geometry rule decides.
+      geometry: geometry overrides, see :func:`spectral_optax.as_geometry_map`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` with an empty state;
+      updates keep their dtype.
+
+    Raises:
+      ValueError: a multiplier that is negative or not finite.
+      GeometryError: at ``init``, a multiplier other than 1 for a route no
+        parameter has (it would silently do nothing).
+    """
+    factors = {"hidden": hidden, "output": output, "embedding": embedding, "vector": vector, "elementwise": elementwise}
+    for name, c in factors.items():
+        if isinstance(c, int | float) and not (math.isfinite(c) and c >= 0):
+            raise ValueError(f"route_lr_scale: {name}={c!r} must be a finite number >= 0 (1 leaves the route as is)")
+    gmap = as_geometry_map(geometry)
+
+    def init_fn(params):
+        if jax.tree_util.tree_leaves(params):  # not optax.tree_map_params' empty placeholder
+            seen: dict[str, list[str]] = {r: [] for r in ROUTES}
+            map_with_geometry(
+                lambda path, g, x: seen[route_of(g)].append(path), gmap, params, with_path=True, skip_empty=True
+            )
+            missing = [r for r, c in factors.items() if _concrete(c) not in (None, 1.0) and not seen[r]]
+            if missing:
+                have = ", ".join(f"{r} ({len(p)}: {p[0]}{', ...' if len(p) > 1 else ''})" for r, p in seen.items() if p)
+                raise GeometryError(
+                    f"route_lr_scale: no parameter has route {missing}, so its multiplier would do nothing. The "
+                    f"routes present: {have}. Check the geometry (spectral_optax.describe(params)), or give "
+                    "the multiplier to a route the model has."
+                )
+        return optax.EmptyState()
+
+    def update_fn(updates, state, params=None, **extra_args):
+        del params, extra_args
+
+        def leaf(g: Geometry, u):
+            c = factors[route_of(g)]
+            if _concrete(c) == 1.0:
+                return u
+            return (u * jnp.asarray(c, u.dtype)).astype(u.dtype)
+
+        return map_with_geometry(leaf, gmap, updates, skip_empty=True), state
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _concrete(c) -> float | None:
+    """``c`` as a float, or ``None`` when traced (``inject_hyperparams`` under ``jit``)."""
+    try:
+        return float(c)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return None
