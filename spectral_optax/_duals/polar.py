@@ -162,7 +162,7 @@ POWER3_COEFFICIENTS: tuple[Triple, ...] = (
 #: factor) on ``[1e-2 / (POWER_SAFETY * 1.03), 1]`` with every polynomial's
 #: argument divided by 1.03, so that it covers ``[1e-2 / POWER_SAFETY, 1.03]``
 #: like :data:`POWER3_COEFFICIENTS`: float64 range ``[0.938, 1.027]`` there.
-#: Measured as a half-precision default (:func:`power4_schedule`), not adopted.
+#: Measured as a half-precision default (``power4_schedule``), not adopted.
 POWER4_COEFFICIENTS: tuple[Triple, ...] = (
     (7.228817058908975, -16.881974838788487, 11.156013182177627),
     (3.4095806650043747, -2.1350918062772806, 0.37832225857796686),
@@ -170,7 +170,7 @@ POWER4_COEFFICIENTS: tuple[Triple, ...] = (
     (1.9548526773186243, -1.2780350181549587, 0.336356883098494),
 )
 
-#: :func:`power4_schedule`: matrices with ``max(m, n) >= AUTO_GRAM_ASPECT *
+#: ``power4_schedule``: matrices with ``max(m, n) >= AUTO_GRAM_ASPECT *
 #: min(m, n)`` run ``'power4'`` in Gram space with one restart.
 AUTO_GRAM_ASPECT: float = 2.0
 
@@ -304,8 +304,8 @@ def auto_schedule(m: int, n: int, compute_dtype: Any = None) -> tuple[str, str, 
     The one place where the default iteration is chosen (from the compute
     dtype and the matrix's shape): ``('quintic', 'auto', None)`` for >= 32-bit
     compute, ``('polar_express_schatten', 'auto', None)`` for bfloat16 /
-    float16 (:func:`newton_schulz_method` and :func:`gram_restarts` decide the
-    rest). The shape-dependent ``'power4'`` schedule (:func:`power4_schedule`)
+    float16 (``newton_schulz_method`` and ``gram_restarts`` decide the
+    rest). The shape-dependent ``'power4'`` schedule (``power4_schedule``)
     was measured as a candidate and not adopted (docs/benchmarks.md,
     "Orthogonalization methods", third round).
 
