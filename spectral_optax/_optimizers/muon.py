@@ -46,6 +46,7 @@ from spectral_optax._geometry import (
 from spectral_optax._optimizers.common import geometry_partition, train_float_leaves
 from spectral_optax._transforms.momentum import ema_momentum
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
+from spectral_optax._transforms.parametrization import route_of as leaf_route
 from spectral_optax._transforms.spectral import scale_by_fan_out_rms
 from spectral_optax._transforms.weight_decay import (
     decay_then_learning_rate,
@@ -234,8 +235,8 @@ def muon(
             table[f"custom:{key}:nodecay"] = value
 
     def route_of(_path: str, g: Geometry) -> str:
-        key = ("output" if g.role == "output" else None) if g.kind == "matrix" else g.kind
-        value = "muon" if key is None else routes[key]
+        key = leaf_route(g)  # 'hidden' matrices take the Muon route itself
+        value = "muon" if key == "hidden" else routes[key]
         return f"custom:{key}" if isinstance(value, optax.GradientTransformation) else value
 
     # Routes split by the decay mask whatever the decay's value, so that a literal 0 and an injected (traced)
