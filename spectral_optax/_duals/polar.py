@@ -76,8 +76,10 @@ __all__ = [
     "AUTO_GRAM_ASPECT",
     "POWER3_COEFFICIENTS",
     "POWER4_COEFFICIENTS",
+    "POWER_GUARD",
     "POWER_ITERATIONS",
     "POWER_SAFETY",
+    "POWER_STARTS",
     "POLAR_EXPRESS_CUSHION",
     "POLAR_EXPRESS_L",
     "POLAR_EXPRESS_SAFETY",
@@ -134,7 +136,25 @@ PRECONDITIONINGS = ("frobenius", "schatten", "aol", "power")
 #: Measured worst case, Gaussian matrices (no spectral gap) 768^2 to 2048^2
 #: and 1024 x 4096, float64: the estimate is at most 1.025x below sigma_max
 #: after 10 iterations (1.03x after 8, 1.06x after 4).
-POWER_ITERATIONS: int = 10
+POWER_ITERATIONS: int = 8
+
+#: Start vectors of the power iteration (fixed pseudo-random, iterated side by
+#: side; the largest Rayleigh quotient is kept). One start misses a matrix
+#: whose top eigenvector it is nearly orthogonal to: measured 2026-12-01 in a
+#: bfloat16 GPT run with ``'power4'``, one momentum matrix of ``64 x 256`` had
+#: overlap ``1.2e-4`` with the single start, the estimate came out 0.59x
+#: ``lambda_max(B^2)``, ``sigma_1(X_0) = 1.107`` and the steep tables took it
+#: to 152 after two steps: the run diverged. With ``p`` independent starts such
+#: a miss needs all ``p`` overlaps that small (about ``(2e-3)^p`` per matrix).
+POWER_STARTS: int = 4
+
+#: The ``'power'`` start's guard: a result with ``||Y||_F^2 > POWER_GUARD^2 *
+#: min(m, n)`` (the top of the ``[0.6, 1.25]`` band on every singular value),
+#: or not finite, is replaced by the start ``X_0`` itself (its singular values
+#: ``sigma_i / N``: a scaled gradient, finite and in the gradient's direction).
+#: It costs one reduction per matrix and only acts on an estimate that
+#: missed by more than the tables tolerate.
+POWER_GUARD: float = 1.25
 
 #: The ``'power'`` start divides by ``min(||X||_{S_8}, POWER_SAFETY * estimate)``:
 #: an underestimate of sigma_max by up to this factor still gives
@@ -458,25 +478,34 @@ def _apply(q, x, wide: bool, precision):
     return _dot(q, x, 2, 1, precision) if wide else _dot(x, q, 2, 1, precision)
 
 
-def _power_estimate(sq, iterations: int):
+def _power_estimate(sq, iterations: int, starts: int = POWER_STARTS):
     """Rayleigh-quotient lower estimate of ``lambda_max`` of each symmetric PSD ``sq`` (float32).
 
-    ``iterations`` power steps ``v <- sq v / ||sq v||`` from a fixed
-    pseudo-random start (the same for every call, so the result is
-    deterministic); each gives ``v^T sq v <= lambda_max`` and the largest is
-    returned. Matrix-vector products only: ``2 k^2`` flops each.
+    ``iterations`` power steps ``v <- sq v / ||sq v||`` from ``starts`` fixed
+    pseudo-random starts side by side (the same for every call, so the result
+    is deterministic); each gives ``v^T sq v <= lambda_max`` and the largest
+    over starts and steps is returned. Matrix-vector products only: ``2 k^2``
+    flops each, ``iterations * starts`` of them.
     """
     k = sq.shape[-1]
-    v = jax.random.normal(jax.random.key(0), (k,), sq.dtype)
-    v = jnp.broadcast_to(v / jnp.linalg.norm(v), sq.shape[:-1])
+    v = jax.random.normal(jax.random.key(0), (k, starts), sq.dtype)
+    v = jnp.broadcast_to(v / jnp.linalg.norm(v, axis=0), sq.shape[:-1] + (starts,))
     best = jnp.zeros(sq.shape[:-2], sq.dtype)
     hp = jax.lax.Precision.HIGHEST
     for _ in range(iterations):
-        w = jnp.einsum("bij,bj->bi", sq, v, precision=hp)
-        best = jnp.maximum(best, jnp.sum(v * w, axis=-1))
-        norm = jnp.linalg.norm(w, axis=-1, keepdims=True)
+        w = jnp.einsum("bij,bjs->bis", sq, v, precision=hp)
+        best = jnp.maximum(best, jnp.max(jnp.sum(v * w, axis=-2), axis=-1))
+        norm = jnp.linalg.norm(w, axis=-2, keepdims=True)
         v = jnp.where(norm > 0, w / jnp.where(norm > 0, norm, 1), v)
     return best
+
+
+def _guard(y, start, rank: int, psum):
+    """``y`` where ``||y||_F^2 <= POWER_GUARD^2 rank`` (and finite), else ``start``, per matrix
+    (the Frobenius norm ``psum``-ed over a split)."""
+    sumsq = psum(jnp.sum(jnp.square(y.astype(jnp.promote_types(y.dtype, jnp.float32))), axis=(1, 2)))
+    ok = sumsq <= POWER_GUARD**2 * rank  # False for NaN
+    return jnp.where(ok[:, None, None], y, start.astype(y.dtype))
 
 
 def _precondition(x, preconditioning: str, safety: float, wide: bool, precision, psum):
@@ -727,8 +756,8 @@ def newton_schulz_flops(
     len(restarts)`` segments: ``j 4 s^2 l + 2 s^3 (4 steps - 3 j)``, with ``s
     = min(m, n)``, ``l = max(m, n)``. The preconditionings add no matmul (the
     Gram matrix they form is the first step's, and ``'power'``'s square too);
-    ``preconditioning='power'`` adds its ``POWER_ITERATIONS`` (10)
-    matrix-vector products, ``2 s^2`` flops each.
+    ``preconditioning='power'`` adds its ``POWER_ITERATIONS * POWER_STARTS``
+    (8 x 4) matrix-vector products, ``2 s^2`` flops each.
 
     Args:
       m: rows.
@@ -739,7 +768,7 @@ def newton_schulz_flops(
       preconditioning: the start's preconditioning (only ``'power'`` adds flops).
     """
     s, l = min(m, n), max(m, n)
-    extra = POWER_ITERATIONS * 2 * s * s if preconditioning == "power" else 0
+    extra = POWER_ITERATIONS * POWER_STARTS * 2 * s * s if preconditioning == "power" else 0
     if method == "gram":
         j = 1 + len([i for i in restarts if 0 < i < steps])
         return j * 4 * s * s * l + 2 * s**3 * max(4 * steps - 3 * j, 1) + extra
@@ -870,13 +899,13 @@ def newton_schulz(
     cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else default_compute_dtype()
     *_lead, m, n = x.shape
     auto_restarts: tuple[int, ...] | None = None
+    gm_, gn_ = m, n  # the whole matrix's shape, also for a block of a split one
+    if axis_name is not None:
+        names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+        k = math.prod(jax.lax.axis_size(a) for a in names)
+        gm_, gn_ = (m, n * k) if sharded_axis in (-1, x.ndim - 1) else (m * k, n)
     if isinstance(coefficients, str) and coefficients.lower() == "auto":
-        gm, gn = m, n  # the whole matrix's shape decides, also for a block of a split one
-        if axis_name is not None:
-            names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
-            k = math.prod(jax.lax.axis_size(a) for a in names)
-            gm, gn = (m, n * k) if sharded_axis in (-1, x.ndim - 1) else (m * k, n)
-        coefficients, auto_method, auto_restarts = auto_schedule(gm, gn, cdtype)
+        coefficients, auto_method, auto_restarts = auto_schedule(gm_, gn_, cdtype)
         method = auto_method if method == "auto" else method
     if preconditioning is None:
         preconditioning = default_preconditioning(coefficients)
@@ -930,11 +959,14 @@ def newton_schulz(
     if axis_name is not None:
         wide = sharded_axis == -1
         psum = lambda a: jax.lax.psum(a, axis_name)
-        xc, gram0, sq0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, psum)
+        x0, gram0, sq0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, psum)
+        xc = x0
         if sq0 is not None:
             xc, table = _first_step(xc, table, wide, prec, gram0, sq0)
             gram0 = None
         y = _standard(xc, table, wide, prec, axis_name, gram0)
+        if preconditioning == "power":
+            y = _guard(y, x0, min(gm_, gn_), psum)
         return y.astype(out_dtype).reshape(x.shape)
     use_gram = _use_gram(method, m, n, steps_, cdtype, prec)
     # Gram space on a tall matrix runs on its transpose (NS(G^T) = NS(G)^T): measured in bfloat16,
@@ -943,7 +975,8 @@ def newton_schulz(
     if flip:
         xc = jnp.swapaxes(xc, 1, 2)
     wide = m <= n or flip
-    xc, gram0, sq0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: a)
+    x0, gram0, sq0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: a)
+    xc = x0
     if restarts is None and auto_restarts is not None:
         restarts = tuple(i for i in auto_restarts if i < steps_)
     rs = gram_restarts(steps_, cdtype, prec, restarts) if use_gram else ()
@@ -958,6 +991,8 @@ def newton_schulz(
         y = _gram(xc, table, wide, prec, rs, gram0, sq0)
     else:
         y = _standard(xc, table, wide, prec, gram0=gram0)
+    if preconditioning == "power":
+        y = _guard(y, x0, min(m, n), lambda a: a)
     if flip:
         y = jnp.swapaxes(y, 1, 2)
     return y.astype(out_dtype).reshape(x.shape)
