@@ -700,7 +700,7 @@ def training_methods():
     muon = lambda **kw: (lambda lr: so.muon(lr, **kw))
     return {
         "quintic 5": (muon(ns_coefficients="quintic", ns_steps=5), 4e-2),
-        "bf16 default (polar_express_schatten 4 in bf16)": (muon(compute_dtype=jnp.bfloat16), 4e-2),
+        "bf16 default": (muon(compute_dtype=jnp.bfloat16), 4e-2),
         "power4 (bf16)": (muon(ns_coefficients="power4", compute_dtype=jnp.bfloat16), 4e-2),
         "power3 (f32)": (muon(ns_coefficients="power3"), 4e-2),
         "power3 (bf16)": (muon(ns_coefficients="power3", compute_dtype=jnp.bfloat16), 4e-2),

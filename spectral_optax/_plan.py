@@ -171,6 +171,7 @@ def plan_group(
     compute_itemsize: int,
     move_itemsize: int,
     paths: tuple[str, ...] = (),
+    restarts: tuple[int, ...] = (),
 ) -> GroupPlan:
     """The cheapest split ``k`` of one group (module docstring); ``steps=None``
     (a user orthogonalization function) allows whole matrices only.
@@ -185,8 +186,9 @@ def plan_group(
       compute_itemsize: bytes per element of the iteration's dtype (the Gram all-reduces).
       move_itemsize: bytes per element of the moved matrices.
       paths: parameter paths, for printing.
+      restarts: the Gram-space restarts of the whole-matrix iteration (``method='gram'``).
     """
-    whole = newton_schulz_flops(m, n, steps, method) if steps else 0
+    whole = newton_schulz_flops(m, n, steps, method, restarts=restarts) if steps else 0
     best: tuple[float, int, GroupPlan] | None = None
     for k in range(1, min(devices, n) + 1):
         if devices % k or (k > 1 and not steps):

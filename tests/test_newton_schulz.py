@@ -295,10 +295,19 @@ def test_simulated_gpu_defaults_and_user_function_dtype(monkeypatch):
     assert y.dtype == jnp.float32
     u, _, vt = np.linalg.svd(g, full_matrices=False)
     np.testing.assert_allclose(np.asarray(y, np.float64), u @ vt, atol=1e-5)
-    # The default iteration on the simulated GPU: bfloat16, 'polar_express_schatten' (4 steps, the
-    # Schatten Gram matrix reused by the first step), standard method: 1 + 2 + 3 * 3 products.
+    # The default iteration on the simulated GPU: bfloat16, 'power4' by shape. Aspect 4 (16 x 64): the
+    # 'power' start (its Gram matrix and that matrix's square), the first step in X space (1), then
+    # Gram space for 3 steps: the Gram matrix, 3 squares, 2 products into Q, 2 x 2 for the Gram
+    # updates, Q X: 14 bfloat16 products; and the estimate's 8 float32 products of B^2 with the 4
+    # starts side by side.
     eqns = _dot_generals(lambda x: newton_schulz(x), jnp.ones((2, 16, 64), jnp.float32))
-    assert len(eqns) == 12 and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in eqns)
+    half = [e for e in eqns if e.invars[0].aval.dtype == jnp.bfloat16]
+    power = [e for e in eqns if e.invars[0].aval.dtype == jnp.float32]
+    assert len(half) == 14 and len(power) == ns_mod.POWER_ITERATIONS == 8 and len(eqns) == 22
+    assert all(e.invars[1].aval.shape[-1] == ns_mod.POWER_STARTS == 4 for e in power)
+    # Near-square (16 x 24): the standard iteration from the same start, 2 + 1 + 3 * 3 products.
+    eqns = _dot_generals(lambda x: newton_schulz(x), jnp.ones((2, 16, 24), jnp.float32))
+    assert sum(e.invars[0].aval.dtype == jnp.bfloat16 for e in eqns) == 12
     # A bfloat16 input reaches the user function as float32 and comes back as bfloat16.
     yb = newton_schulz(jnp.asarray(g, jnp.bfloat16), exact_polar)
     assert seen["dtype"] == jnp.float32 and yb.dtype == jnp.bfloat16
@@ -456,16 +465,22 @@ def test_schatten_and_aol_starts_are_bounded_by_one():
 
 def test_default_preconditioning_and_auto_coefficients():
     assert ns_mod.auto_coefficients(jnp.float32) == ns_mod.auto_coefficients(jnp.float32, (16, 64)) == "quintic"
-    for dtype in (jnp.bfloat16, jnp.float16):
-        assert ns_mod.auto_schedule(16, 64, dtype) == ("polar_express_schatten", "auto", None)
-        assert ns_mod.auto_coefficients(dtype) == ns_mod.auto_coefficients(dtype, (16, 32)) == "polar_express_schatten"
+    # bfloat16: 'power4' by shape (power4_schedule); float16: 'polar_express_schatten'
+    assert ns_mod.auto_schedule(16, 64, jnp.bfloat16) == ns_mod.auto_schedule(64, 16, jnp.bfloat16) == (
+        "power4", "gram", (1,))
+    assert ns_mod.auto_schedule(16, 31, jnp.bfloat16) == ("power4", "standard", ())
+    assert ns_mod.auto_coefficients(jnp.bfloat16) == ns_mod.auto_coefficients(jnp.bfloat16, (16, 64)) == "power4"
+    assert ns_mod.auto_schedule(16, 64, jnp.float16) == ("polar_express_schatten", "auto", None)
+    assert ns_mod.auto_coefficients(jnp.float16) == ns_mod.auto_coefficients(jnp.float16, (16, 32)) == (
+        "polar_express_schatten")
     assert ns_mod.power4_schedule(16, 64) == ns_mod.power4_schedule(64, 16) == ("power4", "gram", (1,))
     assert ns_mod.power4_schedule(16, 31) == ("power4", "standard", ())
     assert ns_mod.default_preconditioning("polar_express_schatten") == "schatten"
     assert ns_mod.default_preconditioning("power4") == ns_mod.default_preconditioning("power3") == "power"
     assert ns_mod.default_preconditioning("quintic") == ns_mod.default_preconditioning(so.MUON_QUINTIC) == "frobenius"
     rng = np.random.default_rng(9)
-    cases = [(jnp.float32, (2, 16, 40), "quintic", {}), (jnp.bfloat16, (2, 16, 40), "polar_express_schatten", {}),
+    cases = [(jnp.float32, (2, 16, 40), "quintic", {}), (jnp.bfloat16, (2, 16, 40), "power4", {"method": "gram",
+             "restarts": (1,)}), (jnp.bfloat16, (2, 24, 40), "power4", {"method": "standard"}),
              (jnp.float16, (2, 40, 16), "polar_express_schatten", {})]
     for dtype, shape, coef, kw in cases:
         g = jnp.asarray(rng.normal(size=shape), jnp.float32)

@@ -182,7 +182,7 @@ POWER3_COEFFICIENTS: tuple[Triple, ...] = (
 #: factor) on ``[1e-2 / (POWER_SAFETY * 1.03), 1]`` with every polynomial's
 #: argument divided by 1.03, so that it covers ``[1e-2 / POWER_SAFETY, 1.03]``
 #: like :data:`POWER3_COEFFICIENTS`: float64 range ``[0.938, 1.027]`` there.
-#: Measured as a half-precision default (``power4_schedule``), not adopted.
+#: The bfloat16 default (``power4_schedule``).
 POWER4_COEFFICIENTS: tuple[Triple, ...] = (
     (7.228817058908975, -16.881974838788487, 11.156013182177627),
     (3.4095806650043747, -2.1350918062772806, 0.37832225857796686),
@@ -190,8 +190,8 @@ POWER4_COEFFICIENTS: tuple[Triple, ...] = (
     (1.9548526773186243, -1.2780350181549587, 0.336356883098494),
 )
 
-#: ``power4_schedule``: matrices with ``max(m, n) >= AUTO_GRAM_ASPECT *
-#: min(m, n)`` run ``'power4'`` in Gram space with one restart.
+#: ``power4_schedule`` (the bfloat16 default): matrices with ``max(m, n) >=
+#: AUTO_GRAM_ASPECT * min(m, n)`` run ``'power4'`` in Gram space with one restart.
 AUTO_GRAM_ASPECT: float = 2.0
 
 #: The Gram-space iteration with 10 mantissa bits (float16, TensorFloat-32)
@@ -307,9 +307,10 @@ def auto_coefficients(compute_dtype: Any = None, shape: tuple[int, int] | None =
     """What ``coefficients='auto'`` means for a compute dtype (and matrix shape).
 
     ``'quintic'`` (5 steps from the Frobenius-normalized start) for >= 32-bit
-    compute (the CPU default); ``'polar_express_schatten'`` (4 steps from the
-    Schatten-4 start) for bfloat16 / float16 compute (the GPU/TPU default);
-    see :func:`auto_schedule`.
+    compute (the CPU default); ``'power4'`` (4 steps from the ``'power'``
+    start) for bfloat16 compute (the GPU/TPU default);
+    ``'polar_express_schatten'`` (4 steps from the Schatten-4 start) for
+    float16; see :func:`auto_schedule`.
 
     Args:
       compute_dtype: the iteration's dtype (``None``: the backend's default).
@@ -322,12 +323,16 @@ def auto_schedule(m: int, n: int, compute_dtype: Any = None) -> tuple[str, str, 
     """``(coefficients, method, restarts)`` that ``coefficients='auto'`` runs for an ``m x n`` matrix.
 
     The one place where the default iteration is chosen (from the compute
-    dtype and the matrix's shape): ``('quintic', 'auto', None)`` for >= 32-bit
-    compute, ``('polar_express_schatten', 'auto', None)`` for bfloat16 /
-    float16 (``newton_schulz_method`` and ``gram_restarts`` decide the
-    rest). The shape-dependent ``'power4'`` schedule (``power4_schedule``)
-    was measured as a candidate and not adopted (docs/benchmarks.md,
-    "Orthogonalization methods", third round).
+    dtype and the matrix's shape):
+
+    * >= 32-bit compute: ``('quintic', 'auto', None)`` (``newton_schulz_method``
+      and ``gram_restarts`` decide the rest);
+    * bfloat16 (the GPU/TPU default): :func:`power4_schedule`, ``'power4'``
+      from the ``'power'`` start, standard on near-square matrices and in Gram
+      space with one restart on aspect >= ``AUTO_GRAM_ASPECT``: 0.600x the
+      flops of 5 quintic steps on the GPT-2-small tree, values within 0.07 of
+      1 (docs/benchmarks.md, "Orthogonalization methods", fourth round);
+    * float16: ``('polar_express_schatten', 'auto', None)``.
 
     Args:
       m: rows.
@@ -337,14 +342,15 @@ def auto_schedule(m: int, n: int, compute_dtype: Any = None) -> tuple[str, str, 
     cdtype = jnp.dtype(compute_dtype if compute_dtype is not None else default_compute_dtype())
     if cdtype.itemsize >= 4:
         return "quintic", "auto", None
+    if cdtype == jnp.bfloat16:
+        return power4_schedule(m, n)
     return "polar_express_schatten", "auto", None
 
 
 def power4_schedule(m: int, n: int) -> tuple[str, str, tuple[int, ...]]:
-    """``(coefficients, method, restarts)`` of the measured ``'power4'`` candidate for an ``m x n``
-    matrix: standard on ``max(m, n) < AUTO_GRAM_ASPECT * min(m, n)``, else Gram space with one restart
-    at step 1 (``8 s^2 l + 20 s^3`` flops). Not the default: it diverged in the short bfloat16
-    training run (docs/benchmarks.md, "Third round").
+    """``(coefficients, method, restarts)`` of the bfloat16 default for an ``m x n`` matrix:
+    ``'power4'`` standard on ``max(m, n) < AUTO_GRAM_ASPECT * min(m, n)``, else in Gram space with
+    one restart at step 1 (``8 s^2 l + 20 s^3`` flops, ``s`` the short side, ``l`` the long one).
 
     Args:
       m: rows.
@@ -817,8 +823,8 @@ def newton_schulz(
     Args:
       x: array of shape ``(..., m, n)``; leading axes are independent matrices.
       coefficients: ``'auto'`` (default, :func:`auto_schedule`:
-        ``'quintic'`` for >= 32-bit compute, ``'polar_express_schatten'``
-        for bfloat16 / float16; with ``axis_name`` the whole matrix's shape
+        ``'quintic'`` for >= 32-bit compute, ``'power4'`` by shape for
+        bfloat16, ``'polar_express_schatten'`` for float16; with ``axis_name`` the whole matrix's shape
         is the one passed to it), ``'quintic'`` (:data:`MUON_QUINTIC`, 5 steps),
         ``'polar_express'`` (:func:`polar_express_coefficients`, 8 steps by
         default), ``'polar_express_schatten'`` (4 steps, for the

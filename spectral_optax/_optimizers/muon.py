@@ -144,8 +144,8 @@ def muon(
         (``sqrt(max(1, d_out / d_in))``), ``'rms'`` (``0.2 sqrt(max(d_in,
         d_out))``), a number or a function ``geometry -> number``.
       ns_coefficients: ``'auto'`` (default: ``'quintic'``, 5 steps, for
-        float32 compute; ``'polar_express_schatten'``, 4 steps, for bfloat16
-        / float16, :func:`spectral_optax.auto_schedule`), ``'quintic'``, ``'polar_express'``,
+        float32 compute; ``'power4'``, 4 steps, for bfloat16, ``'polar_express_schatten'``,
+        4 steps, for float16, :func:`spectral_optax.auto_schedule`), ``'quintic'``, ``'polar_express'``,
         ``'power3'``, ``'power4'``, ``'you'``, an ``(a, b,
         c)`` triple, a table, or a function replacing the iteration.
       ns_steps: number of Newton-Schulz steps (default from the coefficients).

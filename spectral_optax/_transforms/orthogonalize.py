@@ -46,6 +46,7 @@ from spectral_optax._duals.polar import (
     Coefficients,
     auto_schedule,
     default_compute_dtype,
+    gram_restarts,
     newton_schulz,
     newton_schulz_method,
     resolve_coefficients,
@@ -139,7 +140,7 @@ def orthogonalize_via_newton_schulz(
         (``sqrt(max(1, d_out / d_in))``), ``'rms'`` (``0.2 sqrt(max(d_in,
         d_out))``), a number or a function ``geometry -> number``.
       ns_coefficients: ``'auto'`` (default: ``'quintic'`` for float32
-        compute, ``'polar_express_schatten'`` for bfloat16 / float16:
+        compute, ``'power4'`` by shape for bfloat16, ``'polar_express_schatten'`` for float16:
         :func:`spectral_optax.auto_schedule`),
         ``'quintic'`` (Muon's, 5 steps), ``'polar_express'`` (8 steps by
         default), ``'polar_express_schatten'`` (4 steps), ``'power3'`` (3 steps), ``'power4'`` (4 steps), ``'you'`` (5
@@ -260,17 +261,18 @@ def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, pre
     for (m, n), members in groups.items():
         dtype = jnp.dtype(jnp.result_type(*[flat[i][1].dtype for i, _ in members]))
         move = min(dtype.itemsize, cdtype.itemsize) if n_steps else dtype.itemsize
-        g_method = method
+        g_method, g_restarts = method, None
         if auto:  # the shape's own default schedule (auto_schedule), as newton_schulz runs it
-            coef, auto_method, _ = auto_schedule(m, n, cdtype)
+            coef, auto_method, g_restarts = auto_schedule(m, n, cdtype)
             n_steps = len(resolve_coefficients(coef, steps, cdtype)[0])
             g_method = auto_method if method == "auto" else method
         whole = newton_schulz_method(m, n, n_steps, cdtype, g_method, precision) if n_steps else "standard"
+        rs = gram_restarts(n_steps, cdtype, precision, g_restarts) if whole == "gram" and n_steps else ()
         methods[(m, n)] = whole
         plans[(m, n)] = plan_group(
             m, n, sum(g.num_slices for _, g in members), devices, steps=n_steps, method=whole,
             compute_itemsize=cdtype.itemsize, move_itemsize=move,
-            paths=tuple(path_str(flat[i][0]) for i, _ in members),
+            paths=tuple(path_str(flat[i][0]) for i, _ in members), restarts=rs,
         )  # fmt: skip
     return pack_groups(plans, devices, steps=n_steps, compute_itemsize=cdtype.itemsize, whole_methods=methods)
 
@@ -702,7 +704,7 @@ def orthogonalization_plan(
     *,
     devices: int | None = None,
     geometry: GeometryLike = None,
-    ns_coefficients: Coefficients = "quintic",
+    ns_coefficients: Coefficients = "auto",
     ns_steps: int | None = None,
     compute_dtype: Any = None,
     ns_method: str = "auto",
@@ -722,7 +724,7 @@ def orthogonalization_plan(
       devices: number of devices the work is spread over; ``None``: every device of the mesh in
         the leaves' shardings, excluding ``Manual`` axes (1 when there is none).
       geometry: as in :func:`orthogonalize_via_newton_schulz`.
-      ns_coefficients: as in :func:`orthogonalize_via_newton_schulz`.
+      ns_coefficients: as in :func:`orthogonalize_via_newton_schulz` (default ``'auto'``, as there).
       ns_steps: as in :func:`orthogonalize_via_newton_schulz`.
       compute_dtype: as in :func:`orthogonalize_via_newton_schulz`.
       ns_method: as in :func:`orthogonalize_via_newton_schulz`.
