@@ -40,6 +40,7 @@ from spectral_optax._duals.polar import (
     newton_schulz,
     optimal_quintic,
     polar_express_coefficients,
+    power4_schedule,
 )
 
 # Dual maps and orthogonalization (pure functions on the canonical view).
@@ -153,6 +154,7 @@ __all__ = [
     "POWER3_COEFFICIENTS",
     "POWER4_COEFFICIENTS",
     "auto_schedule",
+    "power4_schedule",
     "YOU_COEFFICIENTS",
     "newton_schulz",
     "optimal_quintic",

@@ -884,9 +884,10 @@ def newton_schulz(
         ``POWER_ITERATIONS`` (8) power steps of ``POWER_STARTS`` (4) start
         vectors on the first step's ``A^2``: matrix-vector products only; made
         for ``'power3'`` and ``'power4'``, whose first step it also rounds once;
-        a result outside the band is replaced by the start, ``POWER_GUARD``). ``'aol'`` rescales rows, so its result approximates the polar
-        factor of ``D G``, not of ``G``: close to orthogonal, on slightly
-        different singular vectors.
+        a result outside the band is replaced by the start, ``POWER_GUARD``).
+        ``'aol'`` rescales rows, so its result approximates the polar factor
+        of ``D G``, not of ``G``: close to orthogonal, on slightly different
+        singular vectors.
       restarts: Gram-space method only: step indices at which ``X`` is
         re-formed and its Gram matrix recomputed (``None``: the measured
         schedule of ``gram_restarts``: none at float32 / ``HIGHEST``,
