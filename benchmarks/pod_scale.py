@@ -117,9 +117,10 @@ def tree_shapes(name: str, scan: bool = False):
     geometry: dict = {}
     if scan:
         top["blocks"] = jax.tree.map(lambda s: (blocks, *s), block, is_leaf=is_shape)
-        geometry[r"^blocks/.*/kernel$"] = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
-        if kind == "gpt2":
-            geometry[r"^blocks/.*/c_attn/kernel$"] = {**geometry[r"^blocks/.*/kernel$"], "fan_out_splits": 3}
+        matrix = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
+        if kind == "gpt2":  # first: the first override that matches a path decides it
+            geometry[r"^blocks/.*/c_attn/kernel$"] = {**matrix, "fan_out_splits": 3}
+        geometry[r"^blocks/.*/kernel$"] = matrix
         geometry[r"^blocks/.*(scale|bias)$"] = {"kind": "vector", "fan_out_axes": (-1,)}
     else:
         top.update({f"h{i}": block for i in range(blocks)})
