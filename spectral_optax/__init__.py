@@ -41,6 +41,7 @@ from spectral_optax._duals.polar import (
     optimal_quintic,
     polar_express_coefficients,
     power4_schedule,
+    psum_symmetric,
 )
 
 # Dual maps and orthogonalization (pure functions on the canonical view).
@@ -155,6 +156,7 @@ __all__ = [
     "POWER4_COEFFICIENTS",
     "auto_schedule",
     "power4_schedule",
+    "psum_symmetric",
     "YOU_COEFFICIENTS",
     "newton_schulz",
     "optimal_quintic",

@@ -20,7 +20,10 @@ plan picks, per group, the ``k`` minimizing::
     flops(k)      = ceil(B k / N) * (whole-matrix flops          if k = 1,
                                      steps 6 m^2 c                   if k > 1 and c < m,
                                      steps (4 m^2 c + 2 m^3)         otherwise),   c = ceil(n / k),
-    gram_bytes(k) = ceil(B k / N) * steps * m^2 * itemsize(compute dtype)   (k > 1).
+    gram_bytes(k) = ceil(B k / N) * steps * m (m + 1) / 2 * itemsize(compute dtype)   (k > 1),
+
+the all-reduce sending the upper triangle of each symmetric Gram matrix only
+(:func:`spectral_optax.psum_symmetric`).
 
 A split group runs under ``shard_map`` (over every device for ``k = N``, else on
 the devices viewed as an ``(N / k, k)`` mesh, the Gram sums over each owner
@@ -201,7 +204,7 @@ def plan_group(
         else:
             assert steps is not None
             flops = float(per * split_block_flops(m, cols, steps))
-            gram, meth = float(per * steps * m * m * compute_itemsize), "standard"
+            gram, meth = float(per * steps * triangle(m) * compute_itemsize), "standard"
         move = float(2 * math.ceil(count * m * n / devices) * move_itemsize)
         plan = GroupPlan(m, n, count, k, owners, meth, flops, float(count * whole), gram, move, paths)
         score = flops + FLOPS_PER_BYTE * gram
@@ -209,6 +212,12 @@ def plan_group(
             best = (score, k, plan)
     assert best is not None
     return best[2]
+
+
+def triangle(m: int) -> int:
+    """Elements of the upper triangle of an ``m x m`` matrix, diagonal included: what one
+    Gram all-reduce sends per matrix (:func:`spectral_optax.psum_symmetric`)."""
+    return m * (m + 1) // 2
 
 
 def split_block_flops(m: int, cols: int, steps: int) -> int:
@@ -248,7 +257,7 @@ def pack_groups(
         per = -(-units // a.owners)
         whole = b.whole_flops / b.count
         flops = float(per * max(split_block_flops(a.m, cols, steps), whole))
-        gram = float(per * steps * a.m * a.m * compute_itemsize)
+        gram = float(per * steps * triangle(a.m) * compute_itemsize)
         gain = a.flops + b.flops + FLOPS_PER_BYTE * (a.gram_bytes + b.gram_bytes) - flops - FLOPS_PER_BYTE * gram
         if gain > 0:
             best.append((-gain, (a.m, a.n), (b.m, b.n), flops, gram))

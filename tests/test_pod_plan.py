@@ -105,7 +105,8 @@ def test_packed_split_and_whole_matrices_on_16_devices():
     64 x 2048 matrices (one tall) packed side by side into the fourth owner group, whose Gram matrices
     must not be summed (``lax.cond`` on the owner group). 16 blocks of one shape, one per device:
     compiled flops within 5% of the plan (measured 1.037x; 1.009x the one-device total / 16), the
-    all-reduce bytes exactly the plan's Gram bytes (5 steps of 64 x 64 float32, plus two scalars).
+    all-reduce bytes exactly the plan's Gram bytes (5 steps of the upper triangle of a 64 x 64
+    float32 Gram matrix, 2080 elements, plus two scalars; the whole matrix would be 4096).
     Values equal the one-device run (rel 1e-5) and the float64 reference, under ``jax.set_mesh``
     (``shard_map`` on a concrete view of the devices) and without it (an abstract one). Then squares
     sharded on their rows, split over owner groups (taken transposed): equal to one device."""
@@ -137,6 +138,7 @@ with jax.set_mesh(mesh):
 flops, coll = compiled.cost_analysis()["flops"], collective_bytes(compiled.as_text())
 print("flops", flops, "plan", plan.flops_per_device, "collectives", coll, "gram", wide.gram_bytes)
 assert plan.flops_per_device <= flops <= 1.05 * plan.flops_per_device, (flops, plan.flops_per_device)
+assert wide.gram_bytes == 5 * (64 * 65 // 2) * 4, wide.gram_bytes
 assert wide.gram_bytes <= coll["all-reduce"] <= wide.gram_bytes + 64, (coll, wide.gram_bytes)
 plain, _ = jax.jit(tx.update)(sharded, tx.init(sharded))  # no set_mesh: shard_map on the abstract view
 one, _ = jax.jit(tx.update)(jax.device_put(grads, jax.devices()[0]), None)
@@ -347,7 +349,7 @@ def test_printed_plan_of_a_pod_sized_tree():
     wide, square = by_shape[(d, f)], by_shape[(d, d)]
     assert (wide.split, wide.owners, wide.units, wide.per_device) == (4, 64, 64, 1), str(plan)
     assert wide.packed_with == (d, d) and square.packed_with == (d, f) and square.flops == 0, str(plan)
-    assert wide.flops == steps * 6 * d**3 and wide.gram_bytes == steps * d * d * 4
+    assert wide.flops == steps * 6 * d**3 and wide.gram_bytes == steps * (d * (d + 1) // 2) * 4
     assert plan.flops_per_device <= 2 * plan.total_flops / 256, str(plan)
     assert "[packed with 2048 x 8192]" in str(plan)
 
@@ -388,5 +390,37 @@ for name, tree in (("sharded", sharded), ("one device", grads)):
 print("ok")
 """,
         devices=8,
+    )
+    assert "ok" in out, out
+
+
+def test_psum_symmetric_sums_symmetric_matrices_sending_their_upper_triangles():
+    """``so.psum_symmetric`` over 4 devices equals the float64 NumPy sum of the devices' symmetric
+    matrices (even and odd sizes, 1 and 7 included), and its all-reduce sends ``s (s + 1) / 2``
+    elements per matrix, not ``s^2``. A packing that dropped or doubled an entry fails the values;
+    a plain ``psum`` fails the byte count."""
+    out = run_script(
+        """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+import spectral_optax as so
+from benchmarks.sharded_speed import collective_bytes
+
+mesh = jax.make_mesh((4,), ("d",))
+for s in (1, 2, 7, 16, 33):
+    r = np.random.default_rng(s).standard_normal((4, 3, s, s))
+    local = r + r.swapaxes(-1, -2)  # device i holds local[i]: 3 symmetric s x s matrices
+    f = jax.jit(jax.shard_map(lambda a: so.psum_symmetric(a[0], "d")[None], mesh=mesh,
+                              in_specs=P("d"), out_specs=P("d")))
+    x = jax.device_put(jnp.asarray(local, jnp.float32), jax.sharding.NamedSharding(mesh, P("d")))
+    got = np.asarray(f(x))
+    want = local.sum(axis=0)
+    for i in range(4):
+        np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=str(s))
+    sent = collective_bytes(f.lower(x).compile().as_text())["all-reduce"]
+    assert sent == 3 * (s * (s + 1) // 2) * 4, (s, sent)
+print("ok")
+""",
+        devices=4,
     )
     assert "ok" in out, out

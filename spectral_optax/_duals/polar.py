@@ -481,6 +481,52 @@ def _form_gram(x, wide: bool, precision, psum):
     return psum(_dot(x, x, 2, 2, precision) if wide else _dot(x, x, 1, 1, precision))
 
 
+def _pack_symmetric(a):
+    """The upper triangle (diagonal included) of each symmetric ``s x s`` matrix of ``a``
+    (``(B, s, s)``) as one ``(B, s (s + 1) / 2)`` buffer, by slices and masks only (no gather).
+
+    With ``h = floor(s / 2)`` and the blocks ``A_11`` (``h x h``), ``A_12`` (``h x (s - h)``),
+    ``A_22``: ``A_12`` whole, and ``triu(A_11)`` and ``tril(A_22)`` sharing one
+    ``(h + 1) x (s - h)`` rectangle (one on each side of its diagonal, shifted by one row for
+    even ``s``, by one column for odd ``s``): ``h (s - h) + (h + 1)(s - h) = s (s + 1) / 2``."""
+    s = a.shape[-1]
+    h = s - s // 2
+    lo, hi = s // 2, h  # A_11 is lo x lo, A_22 is hi x hi (hi = lo or lo + 1)
+    a11, a12, a22 = a[:, :lo, :lo], a[:, :lo, lo:], a[:, lo:, lo:]
+    upper = jnp.triu(a11)
+    lower = jnp.tril(a22)
+    if lo == hi:  # even: triu(A_11) in rows 0..lo-1, tril(A_22) in rows 1..lo
+        rect = jnp.pad(upper, ((0, 0), (0, 1), (0, 0))) + jnp.pad(lower, ((0, 0), (1, 0), (0, 0)))
+    else:  # odd: tril(A_22) fills the rectangle's lower triangle, triu(A_11) right of it
+        rect = lower + jnp.pad(upper, ((0, 0), (0, 1), (1, 0)))
+    return jnp.concatenate([a12.reshape(a.shape[0], -1), rect.reshape(a.shape[0], -1)], axis=1)
+
+
+def _unpack_symmetric(buf, s: int):
+    """The symmetric ``(B, s, s)`` matrices whose upper triangles :func:`_pack_symmetric` packed."""
+    lo, hi = s // 2, s - s // 2
+    b = buf.shape[0]
+    a12 = buf[:, : lo * hi].reshape(b, lo, hi)
+    rect = buf[:, lo * hi :].reshape(b, lo + 1, hi)
+    if lo == hi:
+        upper, lower = jnp.triu(rect[:, :lo]), jnp.tril(rect[:, 1:])
+    else:
+        upper, lower = jnp.triu(rect[:, :lo, 1:]), jnp.tril(rect)
+    t = lambda m: jnp.swapaxes(m, 1, 2)
+    a11 = upper + t(jnp.triu(upper, 1))
+    a22 = lower + t(jnp.tril(lower, -1))
+    return jnp.concatenate([jnp.concatenate([a11, a12], axis=2), jnp.concatenate([t(a12), a22], axis=2)], axis=1)
+
+
+def psum_symmetric(a, axis_name):
+    """``psum`` of a batch ``(B, s, s)`` of symmetric matrices (Gram matrices) over
+    ``axis_name``, sending the upper triangles only: ``s (s + 1) / 2`` instead of ``s^2``
+    elements per matrix, about half the bytes. The result is the upper triangle of the
+    sum, mirrored (exactly symmetric)."""
+    s = a.shape[-1]
+    return _unpack_symmetric(jax.lax.psum(_pack_symmetric(a), axis_name), s)
+
+
 def _apply(q, x, wide: bool, precision):
     """``Q X`` (wide) or ``X Q`` (tall): a polynomial in the Gram matrix applied to ``X``."""
     return _dot(q, x, 2, 1, precision) if wide else _dot(x, q, 2, 1, precision)
@@ -586,13 +632,14 @@ def _first_step(x, table, wide: bool, precision, gram0, sq0):
 
 def _standard(x, table, wide: bool, precision, axis_name=None, gram0=None):
     """``X <- a X + (b A + c A^2) X`` with ``A`` on the short side (with
-    ``axis_name``: on the side that contracts the split axis, ``psum``-ed);
+    ``axis_name``: on the side that contracts the split axis, summed over it by
+    :func:`psum_symmetric`);
     ``gram0``: the first step's ``A`` when the preconditioning formed it.
 
     A split block narrower than ``A`` (``w`` local columns, ``s x s`` Gram, ``w < s``) is updated
     as ``a X + b (A X) + c A (A X)``: ``4 s^2 w`` flops instead of ``2 s^3 + 2 s^2 w``, the
     ``s^3`` product ``A^2`` being the same on every device of the split."""
-    psum = (lambda a: a) if axis_name is None else (lambda a: jax.lax.psum(a, axis_name))
+    psum = (lambda a: a) if axis_name is None else (lambda a: psum_symmetric(a, axis_name))
     s, w = (x.shape[-2], x.shape[-1]) if wide else (x.shape[-1], x.shape[-2])
     for i, (a, b, c) in enumerate(table):
         gram = gram0 if i == 0 and gram0 is not None else _form_gram(x, wide, precision, psum)
@@ -967,42 +1014,43 @@ def newton_schulz(
     prec = resolve_precision(precision, cdtype)
     steps_ = len(table)
     if axis_name is not None:
-        wide = sharded_axis == -1
+        wide, flip = sharded_axis == -1, False
         psum = lambda a: jax.lax.psum(a, axis_name)
-        x0, gram0, sq0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, psum)
+        x0, gram0, sq0 = _precondition(
+            xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: psum_symmetric(a, axis_name)
+        )
         xc = x0
         if sq0 is not None:
             xc, table = _first_step(xc, table, wide, prec, gram0, sq0)
             gram0 = None
         y = _standard(xc, table, wide, prec, axis_name, gram0)
-        if preconditioning == "power":
-            y = _guard(y, x0, min(gm_, gn_), psum)
-        return y.astype(out_dtype).reshape(x.shape)
-    use_gram = _use_gram(method, m, n, steps_, cdtype, prec)
-    # Gram space on a tall matrix runs on its transpose (NS(G^T) = NS(G)^T): measured in bfloat16,
-    # the ``X^T X`` / ``X Q`` form left own singular values up to 2.6 where the wide one gave 1.2.
-    flip = use_gram and m > n
-    if flip:
-        xc = jnp.swapaxes(xc, 1, 2)
-    wide = m <= n or flip
-    x0, gram0, sq0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: a)
-    xc = x0
-    if restarts is None and auto_restarts is not None:
-        restarts = tuple(i for i in auto_restarts if i < steps_)
-    rs = gram_restarts(steps_, cdtype, prec, restarts) if use_gram else ()
-    if sq0 is not None and (not use_gram or 1 in rs or steps_ == 1):
-        # The first step in X-space (its products are formed already); a restart at 1 is this.
-        xc, table = _first_step(xc, table, wide, prec, gram0, sq0)
-        gram0 = sq0 = None
-        rs = tuple(i - 1 for i in rs if i > 1)
-    if not table:
-        y = xc
-    elif use_gram:
-        y = _gram(xc, table, wide, prec, rs, gram0, sq0)
     else:
-        y = _standard(xc, table, wide, prec, gram0=gram0)
+        psum = lambda a: a
+        use_gram = _use_gram(method, m, n, steps_, cdtype, prec)
+        # Gram space on a tall matrix runs on its transpose (NS(G^T) = NS(G)^T): measured in bfloat16,
+        # the ``X^T X`` / ``X Q`` form left own singular values up to 2.6 where the wide one gave 1.2.
+        flip = use_gram and m > n
+        if flip:
+            xc = jnp.swapaxes(xc, 1, 2)
+        wide = m <= n or flip
+        x0, gram0, sq0 = _precondition(xc, preconditioning, 1.0 if frobenius else safety, wide, prec, psum)
+        xc = x0
+        if restarts is None and auto_restarts is not None:
+            restarts = tuple(i for i in auto_restarts if i < steps_)
+        rs = gram_restarts(steps_, cdtype, prec, restarts) if use_gram else ()
+        if sq0 is not None and (not use_gram or 1 in rs or steps_ == 1):
+            # The first step in X-space (its products are formed already); a restart at 1 is this.
+            xc, table = _first_step(xc, table, wide, prec, gram0, sq0)
+            gram0 = sq0 = None
+            rs = tuple(i - 1 for i in rs if i > 1)
+        if not table:
+            y = xc
+        elif use_gram:
+            y = _gram(xc, table, wide, prec, rs, gram0, sq0)
+        else:
+            y = _standard(xc, table, wide, prec, gram0=gram0)
     if preconditioning == "power":
-        y = _guard(y, x0, min(m, n), lambda a: a)
+        y = _guard(y, x0, min(gm_, gn_), psum)  # the whole matrix's rank, also for a block
     if flip:
         y = jnp.swapaxes(y, 1, 2)
     return y.astype(out_dtype).reshape(x.shape)

@@ -398,7 +398,7 @@ def _rows_sharded(g: Geometry, spec) -> bool:
     (the FSDP layout ``P('data', None)`` of a square kernel): split over its columns it is then
     taken transposed (``NS(G^T) = NS(G)^T``), whose columns are the sharded ones, so reaching the
     column blocks is not a transposition of the layout (Llama 6.7B scan, bfloat16, 256 devices:
-    5.95x the shard through collectives, against 6.20x going through :func:`_columns_everywhere`)."""
+    5.95x the shard through collectives, against 6.20x going through a transposition of the layout)."""
     if spec is None or g.d_in != g.d_out or g.fan_out_splits != 1:
         return False
     sharded = lambda axes: any(spec_axes(spec[a]) for a in axes)
@@ -417,15 +417,23 @@ def _packed(split, whole, gp, whole_method, orthogonalize, mesh, axes):
     dtype = jnp.result_type(split, whole)
     pad = -count_b % k
     side = jnp.pad(whole, ((0, pad), (0, 0), (0, 0))) if pad else whole
-    side = side.reshape(-1, k, m, cols).transpose(0, 2, 1, 3).reshape(-1, m, n)
+    owners = gp.owners
+    if _deals(n, owners * k):
+        # interleaved so that the strided block dealt to device (o, s) is matrix s of the unit, its
+        # columns in order (:func:`_split_in_groups`): column o' w + t of matrix s at o' k w + s w + t
+        w = n // (owners * k)
+        side = side.reshape(-1, k, m, owners, w).transpose(0, 2, 3, 1, 4).reshape(-1, m, n)
+        unside = lambda y: y.reshape(-1, m, owners, k, w).transpose(0, 3, 1, 2, 4).reshape(-1, m, cols)
+    else:
+        side = side.reshape(-1, k, m, cols).transpose(0, 2, 1, 3).reshape(-1, m, n)
+        unside = lambda y: y.reshape(-1, m, k, cols).transpose(0, 2, 1, 3).reshape(-1, m, cols)
     stacked = jnp.concatenate([split.astype(dtype), side.astype(dtype)], axis=0)
     total = stacked.shape[0]
     if total % gp.owners:
         stacked = jnp.pad(stacked, ((0, -total % gp.owners), (0, 0), (0, 0)))
     summed = [True] * count_a + [False] * (stacked.shape[0] - count_a)
     ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, k, summed, whole_method)
-    back = ortho[count_a:total].reshape(-1, m, k, cols).transpose(0, 2, 1, 3).reshape(-1, m, cols)
-    return ortho[:count_a], back[:count_b]
+    return ortho[:count_a], unside(ortho[count_a:total])[:count_b]
 
 
 def _group_view(mesh, shape):
@@ -484,24 +492,28 @@ def _split_in_groups(stacked, orthogonalize, mesh, owners, split, summed=None, w
                 outs.append(jax.lax.cond(jnp.asarray(col)[g], run_split, run_whole, xr))
         return jnp.concatenate(outs, axis=0) if per > 1 else outs[0]
 
-    stacked = _columns_everywhere(stacked, owners * split)
+    if _deals(stacked.shape[2], owners * split):
+        # Columns over every device in device order, dealt by one all-to-all over the owner groups
+        # each way: device (o, s) gets unit o's columns of every device (o', s), a strided column
+        # block (any partition of the columns serves: NS(X P) = NS(X) P for a permutation P).
+        flat = P(None, None, ("_owners", "_split"))
+        # (materialized first: XLA's CPU backend otherwise gives the all-to-all operands of different
+        # layouts and fails its own verifier, as in _fused_local)
+        barrier = jax.lax.optimization_barrier
+        deal = lambda x: jax.lax.all_to_all(barrier(x), "_owners", 0, 2, tiled=True)
+        back = lambda y: jax.lax.all_to_all(barrier(y), "_owners", 2, 0, tiled=True)
+        with jax.sharding.use_abstract_mesh(abstract):
+            stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(abstract, flat))
+            return jax.shard_map(lambda x: back(body(deal(x))), mesh=view, in_specs=flat, out_specs=flat)(stacked)
     with jax.sharding.use_abstract_mesh(abstract):
         stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(abstract, spec))
-        out = jax.shard_map(body, mesh=view, in_specs=spec, out_specs=spec)(stacked)
-    return _columns_everywhere(out, owners * split)
+        return jax.shard_map(body, mesh=view, in_specs=spec, out_specs=spec)(stacked)
 
 
-def _columns_everywhere(stacked, devices: int):
-    """``stacked`` ``(U, m, n')`` constrained to its columns over all ``devices`` (when they divide
-    ``n'``), on the way to and from the owner groups' blocks: from rows sharded over every device
-    (the FSDP layout of square kernels, ``P('data', None)``) XLA's partitioner cannot reach the
-    ``(owners, split)`` blocks directly and replicates the whole stack ("involuntary full
-    rematerialization": Llama 6.7B's squares on 256 devices, 8.9 GiB temp); through the columns it
-    is two all-to-alls."""
-    if stacked.shape[2] % devices:
-        return stacked
-    flat = jax.sharding.AbstractMesh((devices,), ("_devices",), axis_types=(jax.sharding.AxisType.Auto,))
-    return jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(flat, P(None, None, "_devices")))
+def _deals(n: int, devices: int) -> bool:
+    """Whether :func:`_split_in_groups` deals a stack of ``n`` columns by all-to-alls over the owner
+    groups (the columns divide over the ``devices``), with strided column blocks."""
+    return n % devices == 0
 
 
 def _fused_units(xs, members, specs) -> list[list[int]]:
