@@ -19,10 +19,12 @@ plan picks, per group, the ``k`` minimizing::
     flops(k) + FLOPS_PER_BYTE * gram_bytes(k),
     flops(k)      = ceil(B k / N) * (whole-matrix flops          if k = 1,
                                      steps 6 m^2 c                   if k > 1 and c < m,
-                                     steps (4 m^2 c + 2 m^3)         otherwise),   c = ceil(n / k),
+                                     steps (4 m^2 c + 2 m^3)         otherwise),
     gram_bytes(k) = ceil(B k / N) * steps * m (m + 1) / 2 * itemsize(compute dtype)   (k > 1),
 
-the all-reduce sending the upper triangle of each symmetric Gram matrix only
+with ``c = ceil(n / k)`` for ``k = N`` and ``c = ceil(n / N) N / k`` for ``1 < k < N`` (the
+columns zero-padded to a multiple of ``N``, so that one all-to-all over the owner groups deals
+the blocks), the all-reduce sending the upper triangle of each symmetric Gram matrix only
 (:func:`spectral_optax.psum_symmetric`).
 
 A split group runs under ``shard_map`` (over every device for ``k = N``, else on
@@ -198,7 +200,7 @@ def plan_group(
             continue
         owners = devices // k
         per = -(-count // owners)
-        cols = -(-n // k)
+        cols = -(-n // devices) * owners if 1 < k < devices else -(-n // k)  # padded for the deal
         if k == 1:
             flops, gram, meth = float(per * whole), 0.0, method
         else:

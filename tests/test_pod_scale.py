@@ -15,9 +15,7 @@ def test_gpt2_trees_cut_the_fused_qkv_in_three(scan):
     # 2026-12-01: GPT-2 XL --scan on 256 devices then ran 3.86x its flop share instead of 1.97x).
     shapes, geometry = tree_shapes("gpt2xl", scan)
     plain = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), shapes, is_leaf=lambda s: isinstance(s, tuple))
-    leaves = {path: g for path, g in so.as_geometry_map(geometry).leaves(plain)}
-    name = lambda p: so.path_str(p) if not isinstance(p, str) else p
-    by = {name(p): g for p, g in leaves.items()}
+    by = dict(so.as_geometry_map(geometry).leaves(plain))  # path strings -> geometry
     qkv = [g for p, g in by.items() if p.endswith("c_attn/kernel")]
     proj = [g for p, g in by.items() if p.endswith("attn/c_proj/kernel")]
     assert qkv and all(g.kind == "matrix" and g.fan_out_splits == 3 for g in qkv)

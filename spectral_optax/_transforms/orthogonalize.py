@@ -321,7 +321,8 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
                 )
             continue
         total, n = stacked.shape[0], stacked.shape[2]
-        pad_b, pad_n = -total % gp.owners, -n % gp.split
+        dealt = gp.split > 1 and gp.owners > 1 and mesh is not None  # columns to a multiple of N
+        pad_b, pad_n = -total % gp.owners, -n % (gp.split * (gp.owners if dealt else 1))
         if pad_b or pad_n:
             stacked = jnp.pad(stacked, ((0, pad_b), (0, 0), (0, pad_n)))
         if tiles:
