@@ -522,7 +522,17 @@ def psum_symmetric(a, axis_name):
     """``psum`` of a batch ``(B, s, s)`` of symmetric matrices (Gram matrices) over
     ``axis_name``, sending the upper triangles only: ``s (s + 1) / 2`` instead of ``s^2``
     elements per matrix, about half the bytes. The result is the upper triangle of the
-    sum, mirrored (exactly symmetric)."""
+    sum, mirrored (exactly symmetric).
+
+    Args:
+      a: ``(B, s, s)`` symmetric matrices, this device's terms of the sum (only their upper
+        triangles are read).
+      axis_name: the mapped axis (or axes) to sum over, as for ``jax.lax.psum``; inside
+        ``shard_map`` or ``pmap``.
+
+    Returns:
+      The ``(B, s, s)`` sum over ``axis_name``, the same on every device of the axis.
+    """
     s = a.shape[-1]
     return _unpack_symmetric(jax.lax.psum(_pack_symmetric(a), axis_name), s)
 
