@@ -156,6 +156,22 @@ for where, tree in (("set_mesh", got), ("abstract", plain)):
         assert err < 1e-4, (where, name, err)
         assert tree[name]["kernel"].sharding.is_equivalent_to(NamedSharding(mesh, spec(grads[name]["kernel"])), 2)
 
+# The same pack with 8200 columns (not a multiple of 16: contiguous blocks, the matrices side by
+# side in their unit, XLA's resharding): equal to one device.
+shapes = {"b0": (64, 2050), "b1": (64, 2050), "b2": (64, 2050), "b3": (2050, 64),
+          "up0": (64, 8200), "up1": (64, 8200), "down0": (8200, 64)}
+keys = iter(jax.random.split(jax.random.key(5), 8))
+grads = {k: {"kernel": jax.random.normal(next(keys), s)} for k, s in shapes.items()}
+spec = lambda x: P("data", None) if x.shape[0] % 16 == 0 else P(None, "data") if x.shape[1] % 16 == 0 else P()
+sharded = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), grads)
+by = {(g.m, g.n): g for g in so.orthogonalization_plan(sharded, ns_method="standard").groups}
+assert (by[(64, 8200)].split, by[(64, 8200)].packed_with) == (4, (64, 2050)), by
+with jax.set_mesh(mesh):
+    got, _ = jax.jit(tx.update)(sharded, tx.init(sharded))
+one, _ = jax.jit(tx.update)(jax.device_put(grads, jax.devices()[0]), None)
+for name in grads:
+    close(got[name]["kernel"], one[name]["kernel"], f"8200 columns {name} vs one device")
+
 # Squares sharded on their rows (FSDP P('data', None), and a stacked one), split over owner groups
 # of 4 (the cost model told that collectives are free): taken transposed, equal to one device.
 import spectral_optax._plan as plan_module
