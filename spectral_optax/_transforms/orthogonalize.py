@@ -289,8 +289,9 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
     """Every group orthogonalized as its plan says; the finished leaves, in ``groups`` order.
 
     A group's wide matrices are stacked to ``(B, m, n)`` (:func:`_stage`), zero-padded to ``B'``
-    (a multiple of the ``N / k`` owner groups) and ``n'`` (a multiple of ``k``;
-    zero columns stay zero and change neither the Gram matrix nor the norms). Whole matrices
+    (a multiple of the ``N / k`` owner groups) and ``n'`` (a multiple of ``k``, of ``N`` when
+    ``1 < k < N``, for the deal of :func:`_split_in_groups`; zero columns stay zero and change
+    neither the Gram matrix nor the norms). Whole matrices
     (``k = 1``) are constrained to ``P(owners)`` on the devices viewed as ``(N, 1)``: XLA moves
     every matrix to its owner (all-to-all from FSDP / tensor-parallel layouts) and back
     (``shard_alike`` with the input; on ``Explicit`` meshes the leaf's ``PartitionSpec`` as the
@@ -466,8 +467,11 @@ def _split_in_groups(stacked, orthogonalize, mesh, owners, split, summed=None, w
     """``stacked`` ``(U, m, n')`` (``U`` a multiple of ``owners``, ``n'`` of ``split``) under
     ``shard_map`` on the devices viewed as ``(owners, split)`` (:func:`_group_view`): units
     dealt to the owner groups (``U / owners`` each, in order), columns cut in ``split``
-    blocks. ``summed[u]`` (default all): unit ``u`` is one matrix, its Gram matrix summed over
-    the owner group every step (:func:`~spectral_optax.newton_schulz` with ``axis_name``);
+    blocks: strided ones when ``n'`` is a multiple of ``owners * split`` (:func:`_deals`; the
+    stack enters with its columns over every device and one all-to-all over the owner groups
+    deals them, one brings them back), else contiguous ones (XLA's resharding to
+    ``P('_owners', None, '_split')``). ``summed[u]`` (default all): unit ``u`` is one matrix,
+    its Gram matrix summed over the owner group every step (:func:`~spectral_optax.newton_schulz` with ``axis_name``);
     else each of its blocks is a whole matrix (a pack) run alone, by ``whole_method``. Where
     owner groups of one local position differ, ``lax.cond`` on the owner-group index picks the
     branch (the all-reduce is in the summing branch only, taken by whole owner groups)."""
