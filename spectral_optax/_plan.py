@@ -200,7 +200,8 @@ def plan_group(
             continue
         owners = devices // k
         per = -(-count // owners)
-        cols = -(-n // devices) * owners if 1 < k < devices else -(-n // k)  # padded for the deal
+        step = columns_multiple(k, devices)
+        cols = -(-n // step) * step // k  # the padded columns' block
         if k == 1:
             flops, gram, meth = float(per * whole), 0.0, method
         else:
@@ -214,6 +215,13 @@ def plan_group(
             best = (score, k, plan)
     assert best is not None
     return best[2]
+
+
+def columns_multiple(split: int, devices: int) -> int:
+    """What a group's stack of columns is zero-padded to a multiple of: ``N`` when it is split
+    over owner subgroups (``1 < k < N``: the all-to-all deal over the owner groups cuts the
+    columns over every device), else ``k``."""
+    return devices if 1 < split < devices else split
 
 
 def triangle(m: int) -> int:

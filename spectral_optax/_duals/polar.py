@@ -490,8 +490,7 @@ def _pack_symmetric(a):
     ``(h + 1) x (s - h)`` rectangle (one on each side of its diagonal, shifted by one row for
     even ``s``, by one column for odd ``s``): ``h (s - h) + (h + 1)(s - h) = s (s + 1) / 2``."""
     s = a.shape[-1]
-    h = s - s // 2
-    lo, hi = s // 2, h  # A_11 is lo x lo, A_22 is hi x hi (hi = lo or lo + 1)
+    lo, hi = s // 2, s - s // 2  # h = lo: A_11 is lo x lo, A_22 is hi x hi (hi = lo or lo + 1)
     a11, a12, a22 = a[:, :lo, :lo], a[:, :lo, lo:], a[:, lo:, lo:]
     upper = jnp.triu(a11)
     lower = jnp.tril(a22)

@@ -60,7 +60,7 @@ from spectral_optax._geometry import (
     path_str,
     to_matrix,
 )
-from spectral_optax._plan import OrthogonalizationPlan, pack_groups, plan_group
+from spectral_optax._plan import OrthogonalizationPlan, columns_multiple, pack_groups, plan_group
 from spectral_optax._sharding import (
     AxisName,
     aval_mesh,
@@ -322,8 +322,8 @@ def _run_plan(groups, plan, leaves, orthogonalize, scale, compute_dtype, coeffic
                 )
             continue
         total, n = stacked.shape[0], stacked.shape[2]
-        dealt = gp.split > 1 and gp.owners > 1 and mesh is not None  # columns to a multiple of N
-        pad_b, pad_n = -total % gp.owners, -n % (gp.split * (gp.owners if dealt else 1))
+        multiple = columns_multiple(gp.split, gp.owners * gp.split) if mesh is not None else gp.split
+        pad_b, pad_n = -total % gp.owners, -n % multiple
         if pad_b or pad_n:
             stacked = jnp.pad(stacked, ((0, pad_b), (0, 0), (0, pad_n)))
         if tiles:
@@ -497,22 +497,21 @@ def _split_in_groups(stacked, orthogonalize, mesh, owners, split, summed=None, w
                 outs.append(jax.lax.cond(jnp.asarray(col)[g], run_split, run_whole, xr))
         return jnp.concatenate(outs, axis=0) if per > 1 else outs[0]
 
+    run = body
     if _deals(stacked.shape[2], owners * split):
         # Columns over every device in device order, dealt by one all-to-all over the owner groups
         # each way: device (o, s) gets unit o's columns of every device (o', s), a strided column
         # block (any partition of the columns serves: NS(X P) = NS(X) P for a permutation P).
-        flat = P(None, None, ("_owners", "_split"))
+        spec = P(None, None, ("_owners", "_split"))
         # (materialized first: XLA's CPU backend otherwise gives the all-to-all operands of different
         # layouts and fails its own verifier, as in _fused_local)
         barrier = jax.lax.optimization_barrier
         deal = lambda x: jax.lax.all_to_all(barrier(x), "_owners", 0, 2, tiled=True)
         back = lambda y: jax.lax.all_to_all(barrier(y), "_owners", 2, 0, tiled=True)
-        with jax.sharding.use_abstract_mesh(abstract):
-            stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(abstract, flat))
-            return jax.shard_map(lambda x: back(body(deal(x))), mesh=view, in_specs=flat, out_specs=flat)(stacked)
+        run = lambda x: back(body(deal(x)))
     with jax.sharding.use_abstract_mesh(abstract):
         stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(abstract, spec))
-        return jax.shard_map(body, mesh=view, in_specs=spec, out_specs=spec)(stacked)
+        return jax.shard_map(run, mesh=view, in_specs=spec, out_specs=spec)(stacked)
 
 
 def _deals(n: int, devices: int) -> bool:
