@@ -91,6 +91,7 @@ def test_end_to_end_schema_resume_and_figures(tmp_path, capsys):
             "--optimizers", "mup_adamw,adamw_sp", "--batch-size", "2", "--context", "8",
             "--json", str(path), "--out", str(tmp_path), "--no-progress"]
     gpt_width.main(argv)
+    assert "--quick is a smoke run" in capsys.readouterr().out  # item 5: it says so and names the preset
     res = json.loads(path.read_text())
     assert len(res["runs"]) == 2 * 2 * 2 * 2  # optimizers x widths x LRs x seeds
     assert all(np.isfinite(r["train_loss"]) and np.isfinite(r["val_loss"]) for r in res["runs"])
@@ -198,3 +199,26 @@ def test_muon_ablation_options_reach_the_routes():
     plain = gpt_width.optimizer_factory("muon")(0.5)
     u0, _ = plain.update(grads, plain.init(params), params)
     assert not np.allclose(np.asarray(u0["head"]["kernel"]), np.asarray(u["head"]["kernel"]))
+
+
+def test_moga_head_base_option_reaches_the_head():
+    """``--moga-head-base W``: MOGA's head fan-in vectors get l2 norm sqrt(W / d_in) (EMA momentum 0.95 of
+    one gradient: direction of g, whatever its size), the hidden matrix is unchanged."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(1)
+    params = {"Dense_0": {"kernel": jnp.asarray(rng.standard_normal((8, 8)), jnp.float32)},
+              "head": {"kernel": jnp.asarray(rng.standard_normal((8, 16)), jnp.float32)}}
+    grads = {k: {n: jnp.asarray(rng.standard_normal(v.shape), jnp.float32) for n, v in d.items()}
+             for k, d in params.items()}
+    args = gpt_width.build_parser().parse_args(["--moga-head-base", "2"])
+    outs = {}
+    for key, options in (("base", {"head_base_width": args.moga_head_base}), ("published", None)):
+        tx = gpt_width.optimizer_factory("moga", None, None, options)(1.0)
+        outs[key] = tx.update(grads, tx.init(params), params)[0]
+    g = np.asarray(grads["head"]["kernel"], np.float64)
+    want = -g / np.linalg.norm(g, axis=0) * np.sqrt(2 / 8)
+    np.testing.assert_allclose(np.asarray(outs["base"]["head"]["kernel"]), want, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(outs["published"]["head"]["kernel"]), want * 2, rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(outs["base"]["Dense_0"]["kernel"]),
+                                  np.asarray(outs["published"]["Dense_0"]["kernel"]))

@@ -63,8 +63,8 @@ def flat(tree):
             for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def ref_moga_updates(grads_seq, params, lr, p, c, beta, wd, variant="row", q=None, nesterov=False):
-    """Per-leaf MOGA updates for a sequence of gradients (float64)."""
+def ref_moga_updates(grads_seq, params, lr, p, c, beta, wd, variant="row", q=None, nesterov=False, head_w=None):
+    """Per-leaf MOGA updates for a sequence of gradients (float64); ``head_w``: the head's base fan-in."""
     P = flat(params)
     mus = {k: np.zeros_like(v) for k, v in P.items()}
     outs = []
@@ -81,7 +81,10 @@ def ref_moga_updates(grads_seq, params, lr, p, c, beta, wd, variant="row", q=Non
                     fn = lambda x: c * ref_col(x, q)
                 d = ref_qkv(m, fn) if "qkv" in k else fn(m)
             elif k.endswith("head/kernel"):
-                d = ref_row(m, p, fan_scaling=False)
+                if head_w is None:
+                    d = ref_row(m, p, fan_scaling=False)
+                else:  # fan-in vectors of l_{p*} norm (W / d_in)^(1/p)
+                    d = ref_row(m, p, fan_scaling=False) * (head_w / m.shape[0]) ** (1.0 / p)
             else:  # embedding, bias, scale
                 d = np.sign(m)
             if P[k].ndim >= 2:
@@ -119,6 +122,56 @@ def test_moga_two_steps_match_reference(p, nesterov):
     for u, w in zip(got, want):
         for k, v in flat(u).items():
             np.testing.assert_allclose(v, w[k], rtol=3e-5, atol=1e-9, err_msg=k)
+
+
+@pytest.mark.parametrize("p", [1.5, 2.0])
+@pytest.mark.parametrize("head_w", [12.0, 48.0, 200.0])
+def test_moga_width_consistent_head_two_steps(p, head_w):
+    """``head_base_width``: the head's fan-in vectors have l_{p*} norm (W / d_in)^(1/p) (d_in = 48 here;
+    W = 48 is the published head); every other leaf as without it."""
+    params = make_params()
+    gs = grads_seq(params)
+    opt = so.moga(0.01, p, base_factor=20.0, momentum=0.9, head_base_width=head_w, geometry=QKV_GEO)
+    got = run(opt, gs, params)
+    want = ref_moga_updates(gs, params, 0.01, p, 20.0, 0.9, 0.0, head_w=head_w)
+    for u, w in zip(got, want):
+        for k, v in flat(u).items():
+            np.testing.assert_allclose(v, w[k], rtol=3e-5, atol=1e-7, err_msg=k)
+    if head_w != 48.0:  # the option reaches the head: it differs from the published rule by the factor
+        published = flat(run(so.moga(0.01, p, base_factor=20.0, momentum=0.9, geometry=QKV_GEO), gs, params)[0])
+        ratio = flat(got[0])["params/head/kernel"] / published["params/head/kernel"]
+        np.testing.assert_allclose(ratio, (head_w / 48.0) ** (1.0 / p), rtol=3e-5)
+
+
+def test_moga_width_consistent_head_keeps_the_logit_step_fixed():
+    """The head's gradient rows are built from the hidden vector h (entries Theta(1)); the change of each
+    logit is <d_i, h> = ||h||_2 (W / d_in)^(1/2) for p = 2: sqrt(W) rms(h) at every width with the option,
+    ||h||_2 (growing like sqrt(d_in)) without it."""
+    r = np.random.default_rng(3)
+    for d_in in (64, 1024):
+        h = r.choice([-1.0, 1.0], size=d_in)  # rms(h) = 1, ||h||_2 = sqrt(d_in)
+        y = r.standard_normal(7)
+        params = {"params": {"Dense_0": {"kernel": jnp.zeros((d_in, d_in))}, "head": {"kernel": jnp.zeros((d_in, 7))}}}
+        grads = {"params": {"Dense_0": {"kernel": jnp.zeros((d_in, d_in))},
+                            "head": {"kernel": jnp.asarray(np.outer(h, y), jnp.float32)}}}
+        for w, want in ((32.0, math.sqrt(32.0)), (None, math.sqrt(d_in))):
+            opt = so.moga(1.0, 2.0, momentum=0.0, head_base_width=w)
+            u = np.asarray(run(opt, [grads], params)[0]["params"]["head"]["kernel"], np.float64)
+            np.testing.assert_allclose(np.abs(h @ u), want, rtol=1e-5, err_msg=f"d_in {d_in}, W {w}")
+
+
+def test_moga_width_consistent_head_under_inject_hyperparams_and_bad_values():
+    params = make_params()
+    gs = grads_seq(params, 2)
+    plain = run(so.moga(0.01, 1.5, head_base_width=20.0, geometry=QKV_GEO), gs, params)
+    injected = run(optax.inject_hyperparams(so.moga)(learning_rate=0.01, p=1.5, head_base_width=20.0,
+                                                     geometry=QKV_GEO), gs, params)
+    for a, b in zip(plain, injected):
+        for k, v in flat(a).items():
+            np.testing.assert_allclose(flat(b)[k], v, rtol=2e-5, atol=1e-8, err_msg=k)
+    for bad in (0.0, -32.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="head_base_width must be a positive fan-in"):
+            so.moga(0.1, head_base_width=bad)
 
 
 @pytest.mark.parametrize("p,q", [(2.0, None), (1.5, None), (2.0, 4.0)])

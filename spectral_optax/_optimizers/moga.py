@@ -94,6 +94,7 @@ def moga(
     variant: str = "row",
     q: Any = None,
     base_factor: float = 25.0,
+    head_base_width: float | None = None,
     momentum: float = 0.95,
     nesterov: bool = False,
     weight_decay: float = 0.0,
@@ -119,7 +120,12 @@ def moga(
       ``sign(h_j) |h_j|^(q*-1) / ||h_j||_{q*}^(q*-1) * d_out^(1/q) / d_in``
       (:func:`scale_by_col_norm`);
     * ``'head'`` (matrices with role ``'output'``): the row direction without
-      fan scaling and without ``base_factor`` (unit ``l_{p*}`` fan-in vectors);
+      fan scaling and without ``base_factor`` (unit ``l_{p*}`` fan-in vectors,
+      as published); with ``head_base_width = W`` it is the row direction with
+      fan scaling times ``W^(1/p)``, i.e. fan-in vectors of ``l_{p*}`` norm
+      ``(W / d_in)^(1/p)``: the published head at fan-in ``W`` and, at any
+      width, a logit change that does not grow with ``d_in`` (docs/math.md
+      section 3, "MOGA's head and width");
     * ``'sign'`` (embeddings, biases, norm scales, and leaves no geometry
       rule decides, kind ``'elementwise'``): ``sign(mu)``;
     * ``'adam'`` (only by request): Adam with ``b1=momentum``, ``adam_b2``,
@@ -149,6 +155,9 @@ def moga(
       q: column-variant output norm exponent, ``1 < q <= inf``; default
         ``p/(p-1)`` (``inf`` for ``p = 1``).
       base_factor: multiplier of the hidden ``'row'`` / ``'col'`` directions.
+      head_base_width: ``None`` (default): the published head rule; a fan-in
+        ``W > 0``: the width-consistent head above, equal to the published one
+        when the head's fan-in is ``W`` (the proxy's width).
       momentum: EMA coefficient ``beta``.
       nesterov: use ``beta * mu + (1 - beta) * g`` as the normalized input.
       weight_decay: decoupled weight decay coefficient (multiplied by the LR).
@@ -206,6 +215,20 @@ def moga(
             pa = jnp.asarray(p, jnp.float32)
             q = jnp.where(pa == 1.0, jnp.inf, pa / jnp.where(pa == 1.0, 1.0, pa - 1.0))
     gmap = as_geometry_map(geometry)
+    if head_base_width is None:
+        head_direction: tuple = (scale_by_row_norm(p, geometry=gmap, fan_scaling=False, axis_name=axis_name),)
+    else:
+        wv, pv = static_value(head_base_width), static_value(p)
+        if wv is not None and not (math.isfinite(wv) and wv > 0):
+            raise ValueError(
+                f"head_base_width must be a positive fan-in (the proxy model's width), got {head_base_width!r}; "
+                "pass None for the published head rule"
+            )
+        if wv is not None and pv is not None:
+            factor = wv ** (1.0 / pv)
+        else:  # traced by inject_hyperparams
+            factor = jnp.power(jnp.asarray(head_base_width, jnp.float32), 1.0 / jnp.asarray(p, jnp.float32))
+        head_direction = (scale_by_row_norm(p, geometry=gmap, axis_name=axis_name), optax.scale(factor))
 
     def momentum_then(*parts):
         return optax.chain(ema_momentum(momentum, nesterov=nesterov, mu_dtype=mu_dtype), *parts)
@@ -214,7 +237,7 @@ def moga(
     table = {
         "row": momentum_then(scale_by_row_norm(p, geometry=gmap, axis_name=axis_name), optax.scale(base_factor)),
         "col": momentum_then(scale_by_col_norm(q, geometry=gmap, axis_name=axis_name), optax.scale(base_factor)),
-        "head": momentum_then(scale_by_row_norm(p, geometry=gmap, fan_scaling=False, axis_name=axis_name)),
+        "head": momentum_then(*head_direction),
         "sign": momentum_then(scale_by_sign()),
         "adam": optax.scale_by_adam(
             b1=momentum,
