@@ -142,12 +142,23 @@ def keeping_specs(fn: Callable, leaves: Sequence[Any], mesh=None):
     size, one device included) under ``jax.sharding.auto_axes``, so that reshapes of sharded axes
     and contractions over them are XLA's to partition, each output in its leaf's ``PartitionSpec``.
 
+    On a mesh of ``Auto`` axes only, each output is constrained to the leaves' mesh with every
+    dimension unconstrained: ``fn`` may move the work to another view of the same devices (the
+    plan's ``(_owners, _split)`` mesh), and an output whose type still named that view would have
+    its propagated sharding (the leaf's own layout, through ``shard_alike``) read against the view
+    when jit returns it, which fails where the layout's tiling does not fit the view (a 2-D
+    ``P('data', 'model')`` layout against ``(_owners, _split) = (N, 1)``).
+
     ``mesh``: the leaves' mesh (default: the first one found in their types)."""
     if mesh is None:
         mesh = next((m for m in map(aval_mesh, leaves) if m is not None), None)
     explicit = tuple(a for a in mesh.axis_names if is_explicit(mesh, (a,))) if mesh is not None else ()
     if not explicit:
-        return fn(*leaves)
+        out = fn(*leaves)
+        if mesh is None or mesh.empty:
+            return out
+        free = lambda y: P(*[P.UNCONSTRAINED] * y.ndim)
+        return tuple(jax.lax.with_sharding_constraint(y, jax.sharding.NamedSharding(mesh, free(y))) for y in out)
     specs = tuple(explicit_spec(x, x.ndim) or P() for x in leaves)
     with jax.sharding.use_abstract_mesh(mesh):
         return jax.sharding.auto_axes(fn, axes=explicit, out_sharding=specs)(*leaves)
