@@ -24,8 +24,8 @@ result is ``U p_K(...p_1(S)) V^T``. Coefficient schedules:
 * ``'power3'`` (:data:`POWER3_COEFFICIENTS`): 3 steps for the ``'power'``
   start (normalized by a power-iteration estimate of the largest singular
   value);
-* ``'power4'`` (:data:`POWER4_COEFFICIENTS`): 4 steps for the same start,
-  measured as a half-precision default and not adopted;
+* ``'power4'`` (:data:`POWER4_COEFFICIENTS`): 4 steps for the same start
+  (the bfloat16 default, :func:`power4_schedule`);
 * any user table ``[(a, b, c), ...]`` or a user function replacing the whole
   iteration.
 
@@ -38,16 +38,17 @@ variant iterates on the ``m x m`` Gram matrix and multiplies by ``X`` once
 per segment. The start can be scaled by the Frobenius norm, the Schatten-4
 norm or AOL's diagonal (``preconditioning=``; docs/math.md, "Orthogonalization
 at fewer flops"), and the default coefficients depend on the compute dtype
-(``auto_schedule``): 5 quintic steps in float32, 4
-``'polar_express_schatten'`` steps from the Schatten-4 start in bfloat16 /
-float16.
+and the shape, decided in :func:`auto_schedule` alone (its table is rendered
+into docs/guide.md, "Coefficients").
 
 Precision on accelerators (see ``resolve_precision``,
 ``newton_schulz_method``): the default compute dtype is bfloat16 on
 GPU/TPU and float32 elsewhere; float32 compute runs its matmuls at
 ``Precision.HIGHEST`` unless told otherwise, so float32 results agree across
-backends; the Gram-space variant is used only at that precision or in
-float16 (with restarts, ``gram_restarts``).
+backends; ``method='auto'`` picks the Gram-space variant only at that
+precision or in float16 (with restarts, ``gram_restarts``), and the bfloat16
+default schedule (:func:`power4_schedule`) runs it on rectangular matrices
+with one restart.
 
 References:
   Jordan et al. (2024), "Muon: An optimizer for hidden layers in neural
@@ -332,8 +333,8 @@ def auto_schedule(m: int, n: int, compute_dtype: Any = None) -> tuple[str, str, 
     * bfloat16 (the GPU/TPU default): :func:`power4_schedule`, ``'power4'``
       from the ``'power'`` start, standard on near-square matrices and in Gram
       space with one restart on aspect >= ``AUTO_GRAM_ASPECT``: 0.600x the
-      flops of 5 quintic steps on the GPT-2-small tree, values within 0.07 of
-      1 (docs/benchmarks.md, "Orthogonalization methods", fourth round);
+      flops of 5 quintic steps on the GPT-2-small tree (docs/benchmarks.md,
+      "Orthogonalization methods");
     * float16: ``('polar_express_schatten', 'auto', None)``.
 
     Args:
@@ -912,7 +913,8 @@ def newton_schulz(
         ``compute_dtype`` has >= 32 bits with the matmuls at
         ``Precision.HIGHEST`` (e.g. aspect ratio ``max(m, n) / min(m, n) >=
         2.5`` for 5 steps), or it is float16 with at most 5 steps, with
-        restarts; never in bfloat16).
+        restarts; not in bfloat16, where the default schedule of
+        ``coefficients='auto'``, :func:`power4_schedule`, asks for it by shape).
       norm_safety: factor ``>= 1`` on the Frobenius norm; ``None``: 1.01 for
         ``'polar_express'`` (as published), 1 otherwise.
       precision: ``jax.lax.Precision`` (or string, or pair) of the matmuls;
