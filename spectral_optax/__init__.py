@@ -6,8 +6,8 @@ optimizers; initializers, depth scaling and diagnostics beside them; the lab
 and the Flax blocks on top. The math is in ``docs/math.md``.
 
 Implementation modules are private (leading underscore); this module and the
-documented subpackages ``initializers``, ``diagnostics``, ``nn`` and ``lab``
-are the public API. ``diagnostics``, ``nn`` and ``lab`` (and the diagnostic
+documented subpackages ``initializers``, ``diagnostics``, ``nn``, ``lab`` and
+``transfer`` are the public API. ``diagnostics``, ``nn`` and ``lab`` (and the diagnostic
 functions re-exported here) are imported on first use, so ``import
 spectral_optax`` loads neither Flax's module system nor matplotlib.
 """
@@ -112,6 +112,7 @@ _LAZY = {
     "diagnostics": ("spectral_optax.diagnostics", None),
     "lab": ("spectral_optax.lab", None),
     "nn": ("spectral_optax.nn", None),
+    "transfer": ("spectral_optax.transfer", None),
     "alignment": ("spectral_optax.diagnostics", "alignment"),
     "coord_check": ("spectral_optax.diagnostics", "coord_check"),
     "relative_change": ("spectral_optax.diagnostics", "relative_change"),

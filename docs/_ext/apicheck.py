@@ -27,6 +27,7 @@ MODULES = (
     ("spectral_optax.nn.linen", "spectral_optax.nn.linen", "Linen models."),
     ("spectral_optax.nn.nnx", "spectral_optax.nn.nnx", "NNX models."),
     ("spectral_optax.lab", "spectral_optax.lab", "The transfer lab: sweeps, data, plots."),
+    ("spectral_optax.transfer", "spectral_optax.transfer", "Transfer rules for horizon, batch size, weight decay."),
 )
 
 _SECTION = re.compile(r"^(\s*)(Args|Arguments|Parameters|Attributes|Returns|Yields|Raises|Example|Examples|Note|"

@@ -37,6 +37,8 @@ API (all public, used by the benchmarks and reusable for any sweep)::
     #   the grid over the peak LR (lab.warmup_cosine(steps) is the multiplier).
     res.plot('width.png')                  # loss vs LR, one curve per size, stars at optima
     lab.plot_sweeps({'mup_adamw': res, ...}, 'all.png')
+    lab.regret(res.runs, lr, grid=lrs, size=1024)  # target loss at lr - best of its sweep
+                                            # (nats, and grid steps from its best LR)
 
 All LRs x seeds of one size train in one compiled program (vmap over runs,
 scan over steps). Every finished run is appended to the JSONL results file;
@@ -71,6 +73,7 @@ from spectral_optax.lab._models import (
     resnet_family,
 )
 from spectral_optax.lab._plots import plot_sweep, plot_sweeps, savefig
+from spectral_optax.lab._regret import regret
 from spectral_optax.lab._summary import lr_grid, refine_minimum, spread_steps, summarize
 from spectral_optax.lab._sweep import (
     SweepResult,
@@ -105,6 +108,7 @@ __all__ = [
     "load_runs",
     "lr_grid",
     "refine_minimum",
+    "regret",
     "spread_steps",
     "summarize",
     "sweep",

@@ -1,0 +1,128 @@
+"""Regret of a transferred learning rate against the target's own sweep.
+
+``regret = L(lr) - min_grid L`` in nats: the target's loss at the
+transferred LR minus the best loss of the target's own LR sweep (losses
+averaged over seeds, as in :func:`~spectral_optax.lab.summarize`), and
+``regret_steps = log(lr / lr*) / log(grid ratio)``: how many grid steps the
+transferred LR lies from the sweep's best LR ``lr*`` (parabola-refined;
+positive = too high). A transfer is judged against the naive one (the
+proxy's LR unchanged) evaluated the same way.
+
+``L(lr)`` is read from runs recorded *at* ``lr`` (train the target at the
+transferred LR: add it to the sweep's LRs and pass the grid separately);
+when none were, it is interpolated linearly in ``log(lr)`` between the two
+neighbouring grid points and the result says so (``interpolated``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from spectral_optax.lab._summary import _grid_ratio, refine_minimum
+
+__all__ = ["regret"]
+
+
+def _same(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+
+
+def _mean_by_lr(runs, metric):
+    by_lr: dict[float, list[float]] = defaultdict(list)
+    for r in runs:
+        v = r.get(metric)
+        bad = r.get("diverged") or v is None or not np.isfinite(v)
+        by_lr[float(r["lr"])].append(np.inf if bad else float(v))
+    return {lr: float(np.mean(v)) for lr, v in by_lr.items()}
+
+
+def regret(
+    runs: Sequence[dict],
+    lr: float,
+    *,
+    grid: Sequence[float] | None = None,
+    size: int | None = None,
+    metric: str = "train_loss",
+    reference: str = "grid",
+) -> dict:
+    """Regret of training the target at ``lr`` instead of its own best LR.
+
+    Args:
+      runs: the target's run records (:func:`~spectral_optax.lab.sweep`),
+        possibly including runs at ``lr`` itself.
+      lr: the transferred learning rate.
+      grid: the LRs of the target's own sweep (default: every LR in
+        ``runs`` except ``lr``). The best loss and best LR come from these.
+      size: keep only runs of this size (default: all runs; they must share
+        one size).
+      metric: ``'train_loss'`` or ``'val_loss'``.
+      reference: the best loss subtracted: ``'grid'`` (the minimum over
+        ``grid``; an LR off the grid can then have a negative regret) or
+        ``'all'`` (the minimum over every LR in ``runs``, so that several
+        transferred LRs evaluated on one target share one reference and every
+        regret is ``>= 0``). The best LR is always refined on ``grid``.
+
+    Returns:
+      ``{'regret': nats, 'regret_steps': grid steps (signed), 'loss': L(lr),
+      'best_loss': the reference (min over the grid, or over all LRs), 'best_lr': refined best LR,
+      'best_lr_grid': the grid minimum, 'lr': lr, 'interpolated': bool,
+      'per_seed': {seed: regret in nats}}``. A diverged run at ``lr`` gives
+      ``regret = inf``.
+    """
+    if reference not in ("grid", "all"):
+        raise ValueError(f"regret: reference must be 'grid' or 'all', got {reference!r}")
+    lr = float(lr)
+    if not (np.isfinite(lr) and lr > 0):
+        raise ValueError(f"regret: lr must be a finite positive number, got {lr!r}")
+    if size is not None:
+        runs = [r for r in runs if int(r["size"]) == int(size)]
+    sizes = {int(r["size"]) for r in runs}
+    if len(sizes) > 1:
+        raise ValueError(f"regret: runs of several sizes {sorted(sizes)}; pass size=")
+    if grid is None:
+        grid = sorted({float(r["lr"]) for r in runs if not _same(float(r["lr"]), lr)})
+    grid = sorted(float(g) for g in grid)
+    if len(grid) < 2:
+        raise ValueError("regret: the target's own sweep needs at least 2 grid LRs")
+
+    def evaluate(rs):
+        mean = _mean_by_lr(rs, metric)
+        on_grid = [next((v for k, v in mean.items() if _same(k, g)), None) for g in grid]
+        if any(v is None for v in on_grid):
+            missing = [g for g, v in zip(grid, on_grid) if v is None]
+            raise ValueError(f"regret: no runs at grid LRs {missing}")
+        ys = np.asarray(on_grid, float)
+        floor = min(mean.values()) if reference == "all" else float(np.min(ys))
+        at = [v for k, v in mean.items() if _same(k, lr)]
+        if at:
+            return at[0], ys, False, floor
+        u, ug = np.log(lr), np.log(grid)
+        if not ug[0] <= u <= ug[-1]:
+            raise ValueError(f"regret: lr={lr:g} has no runs and lies outside the grid [{grid[0]:g}, {grid[-1]:g}]")
+        j = int(np.clip(np.searchsorted(ug, u) - 1, 0, len(grid) - 2))
+        w = (u - ug[j]) / (ug[j + 1] - ug[j])
+        a, b = ys[j], ys[j + 1]
+        loss = a if w == 0 else b if w == 1 else (1 - w) * a + w * b
+        return float(loss), ys, True, floor
+
+    loss, ys, interpolated, best = evaluate(runs)
+    best_lr, i = refine_minimum(grid, ys)
+    ratio = _grid_ratio(grid)
+    per_seed = {}
+    for seed in sorted({int(r.get("seed", 0)) for r in runs}):
+        ls, _, _, floor_s = evaluate([r for r in runs if int(r.get("seed", 0)) == seed])
+        per_seed[seed] = float(ls - floor_s)
+    return {
+        "regret": float(loss - best),
+        "regret_steps": float(np.log(lr / best_lr) / np.log(ratio)) if np.isfinite(best_lr) else float("nan"),
+        "loss": float(loss),
+        "best_loss": best,
+        "best_lr": float(best_lr),
+        "best_lr_grid": float(grid[i]) if i >= 0 else float("nan"),
+        "lr": lr,
+        "interpolated": interpolated,
+        "per_seed": per_seed,
+    }
