@@ -104,6 +104,25 @@ def optimizer_specs(family_for, base_width=BASE_WIDTH, ns_dtype=None, embedding_
     return specs
 
 
+def widest_regret(results, summaries) -> dict:
+    """Per optimizer: the widest model's loss at the LR tuned (best grid LR) on the narrowest, its own best
+    and the difference (:func:`spectral_optax.lab.regret`; nats, and grid steps from the widest's best LR)."""
+    out = {}
+    for name, res in results.items():
+        s = summaries[name]
+        ws = sorted(s["best_lr"])
+        lr = s["best_lr_grid"][ws[0]]
+        if len(ws) < 2 or not lr == lr:  # one width, or every run at the narrowest diverged
+            continue
+        r = lab.regret(res.runs, lr, size=ws[-1])
+        out[name] = {
+            "narrow": ws[0],
+            "wide": ws[-1],
+            **{k: r[k] for k in ("lr", "loss", "best_loss", "regret", "regret_steps")},
+        }
+    return out
+
+
 def main(argv=None):
     p = _common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--data", default="text", help="text | text:PATH | digits | cifar10:DIR | cifar100:DIR")
@@ -119,8 +138,7 @@ def main(argv=None):
         "--muon-max-width",
         type=int,
         default=None,
-        help="widest Muon model (default: 512 on a CPU, where Newton-Schulz is "
-        "O(n^3) per step; no limit on a GPU/TPU)",
+        help="widest Muon model (default: 512 on a CPU, where Newton-Schulz is O(n^3) per step; no limit on a GPU/TPU)",
     )
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
     p.add_argument(
@@ -227,6 +245,15 @@ def main(argv=None):
         print(f"  {name:14s} {s['spread_steps']:7.2f}  {f'{ws[0]}..{ws[-1]}':>12s}  {losses}")
     if skipped:
         print(f"  (not run, {'--muon-max-width' if args.muon_max_width else 'CPU budget'}: {skipped})")
+    regrets = widest_regret(results, summaries)
+    print("\nregret at the widest width (train loss at the narrowest width's best grid LR - the widest's own best):")
+    print(f"  {'optimizer':14s} {'widths':>10s} {'LR':>9s} {'loss':>8s} {'best':>8s} {'regret':>8s} {'steps':>6s}")
+    for name, r in regrets.items():
+        span = f"{r['narrow']}->{r['wide']}"
+        print(
+            f"  {name:14s} {span:>10s} {r['lr']:9.3g} {r['loss']:8.4f} "
+            f"{r['best_loss']:8.4f} {r['regret']:+8.4f} {r['regret_steps']:+6.2f}"
+        )
     fig = os.path.join(args.out, "width_transfer.png")
     if not _devices.is_writer():  # multi-host: process 0 writes the figure and the JSON
         return summaries
@@ -258,6 +285,7 @@ def main(argv=None):
                 }
                 for k, s in summaries.items()
             },
+            "regret": regrets,
             "figure": fig,
             "seconds": elapsed,
             "environment": _common.environment(),
