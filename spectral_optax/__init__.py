@@ -87,6 +87,13 @@ from spectral_optax._transforms.parametrization import (
     route_of,
     scale_by_parametrization1,
 )
+from spectral_optax._transforms.qk_clip import (
+    AttentionSpec,
+    attention_max_logits,
+    collect_max_logits,
+    qk_clip,
+    qk_logit_bound,
+)
 from spectral_optax._transforms.row_column import (
     scale_by_col_norm,
     scale_by_row_norm,
@@ -179,6 +186,11 @@ __all__ = [
     "OrthogonalizationPlan",
     "GroupPlan",
     "scale_by_spectral_trust_ratio",
+    "qk_clip",
+    "qk_logit_bound",
+    "attention_max_logits",
+    "collect_max_logits",
+    "AttentionSpec",
     "EmaMomentumState",
     "ema_momentum",
     "scale_by_fan_out_rms",

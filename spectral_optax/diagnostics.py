@@ -619,3 +619,9 @@ def outer_product_sum(key, d_in: int, d_out: int, batch: int, *, example_weights
 
 
 __all__ += ["init_alignment", "mlp_batch_gradient", "outer_product_sum"]
+
+
+# The weight-only bound on attention logits (docs/math.md, "QK-clip"); defined with qk_clip.
+from spectral_optax._transforms.qk_clip import qk_logit_bound  # noqa: E402
+
+__all__ += ["qk_logit_bound"]

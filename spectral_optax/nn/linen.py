@@ -40,6 +40,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from spectral_optax._depth import residual_alpha, scale_init
+from spectral_optax._transforms.qk_clip import MAX_LOGITS, attention_max_logits
 
 Initializer = Callable[..., Any]
 default_kernel_init = nn.initializers.lecun_normal()
@@ -120,6 +121,14 @@ class ResidualMLPBlock(nn.Module):
 QKV_LAYOUTS = ("split", "fused")
 
 
+def _recording_attention(query, key, value, mask=None, dtype=None, precision=None, module=None):
+    """``nn.dot_product_attention`` that sows the per-head max logits into ``module``
+    (``intermediates/.../max_logits``, :func:`spectral_optax.attention_max_logits`)."""
+    if module is not None:
+        module.sow("intermediates", MAX_LOGITS, attention_max_logits(query, key, mask))
+    return nn.dot_product_attention(query, key, value, mask=mask, dtype=dtype, precision=precision)
+
+
 def _check_qkv(qkv: str) -> str:
     if qkv not in QKV_LAYOUTS:
         raise ValueError(f"qkv must be one of {QKV_LAYOUTS}, got {qkv!r}")
@@ -135,10 +144,12 @@ class FusedSelfAttention(nn.Module):
     then ``out`` (a DenseGeneral over ``(heads, d_head)``, kernel
     ``(heads, d_head, features)``, the same layout as the split form's
     ``attn/out``). Same function as ``nn.MultiHeadDotProductAttention`` with
-    ``W_qkv = [W_q | W_k | W_v]`` (heads flattened).
+    ``W_qkv = [W_q | W_k | W_v]`` (heads flattened). ``record_max_logits=True`` sows the
+    per-head max logits (``intermediates/.../attn/max_logits``, shape ``(num_heads,)``).
     """
 
     num_heads: int
+    record_max_logits: bool = False
     kernel_init: Initializer = default_kernel_init
     out_kernel_init: Initializer = default_kernel_init
     dtype: Any = None
@@ -152,6 +163,8 @@ class FusedSelfAttention(nn.Module):
         kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
         qkv = nn.Dense(3 * d, kernel_init=self.kernel_init, name="qkv", **kw)(x)
         qkv = qkv.reshape(x.shape[:-1] + (3, self.num_heads, d // self.num_heads))
+        if self.record_max_logits:
+            self.sow("intermediates", MAX_LOGITS, attention_max_logits(qkv[..., 0, :, :], qkv[..., 1, :, :], mask))
         y = nn.dot_product_attention(
             qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :], mask=mask, deterministic=True, dtype=self.dtype
         )
@@ -173,6 +186,8 @@ class TransformerBlock(nn.Module):
       qkv: ``'split'`` (``attn/{query,key,value}``, Flax's
         ``MultiHeadDotProductAttention``) or ``'fused'`` (one ``attn/qkv``,
         ``FusedSelfAttention``).
+      record_max_logits: sow the attention's per-head max logits
+        (``intermediates``, key ``max_logits``; off by default, no cost when off).
     """
 
     features: int
@@ -182,6 +197,7 @@ class TransformerBlock(nn.Module):
     out_scale: float = 1.0
     causal: bool = True
     qkv: str = "split"
+    record_max_logits: bool = False
     kernel_init: Initializer = default_kernel_init
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -195,17 +211,24 @@ class TransformerBlock(nn.Module):
         out_init = scale_init(self.kernel_init, self.out_scale)
         if _check_qkv(self.qkv) == "fused":
             y = FusedSelfAttention(
-                self.num_heads, kernel_init=self.kernel_init, out_kernel_init=out_init, name="attn", **kw
+                self.num_heads,
+                record_max_logits=self.record_max_logits,
+                kernel_init=self.kernel_init,
+                out_kernel_init=out_init,
+                name="attn",
+                **kw,
             )(y, mask=mask)
         else:
+            rec = {"attention_fn": _recording_attention} if self.record_max_logits else {}
             y = nn.MultiHeadDotProductAttention(
                 num_heads=self.num_heads,
                 kernel_init=self.kernel_init,
                 out_kernel_init=out_init,
                 deterministic=True,
                 name="attn",
+                **rec,
                 **kw,
-            )(y, mask=mask)
+            )(y, mask=mask, sow_weights=self.record_max_logits)
         h = h + m * y
         y = nn.LayerNorm(name="ln_mlp", **kw)(h)
         y = MLPBranch(
@@ -224,7 +247,7 @@ def _stack(block_cls, num_blocks: int, scan: bool, **block_kwargs):
     if scan:
         stacked = nn.scan(
             block_cls,
-            variable_axes={"params": 0},
+            variable_axes={"params": 0, "intermediates": 0},
             split_rngs={"params": True},
             length=num_blocks,
         )(name="blocks", **block_kwargs)
@@ -326,7 +349,9 @@ class Transformer(nn.Module):
     Attributes: as :class:`ResidualMLP`, plus ``num_heads``, ``mlp_ratio``,
     ``max_len`` (positional table size), ``qkv`` (``'split'`` or ``'fused'``,
     see :class:`TransformerBlock`), ``embedding_init`` (both tables; default
-    Flax's).
+    Flax's), ``record_max_logits`` (every block's attention sows its per-head max
+    logits: ``model.apply(v, x, mutable=['intermediates'])``, then
+    :func:`spectral_optax.collect_max_logits`).
     """
 
     vocab_size: int
@@ -341,6 +366,7 @@ class Transformer(nn.Module):
     absorbed: bool = False
     scan: bool = True
     qkv: str = "split"
+    record_max_logits: bool = False
     kernel_init: Initializer = default_kernel_init
     embedding_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
     dtype: Any = None
@@ -370,6 +396,7 @@ class Transformer(nn.Module):
             multiplier=mult,
             out_scale=out_scale,
             qkv=self.qkv,
+            record_max_logits=self.record_max_logits,
             kernel_init=self.kernel_init,
             **kw,
         )(h)

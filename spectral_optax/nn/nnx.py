@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from spectral_optax._depth import residual_alpha, scale_init
+from spectral_optax._transforms.qk_clip import MAX_LOGITS, attention_max_logits
 from spectral_optax.nn.linen import _check_qkv, _multiplier_and_out_scale
 
 Initializer = Callable[..., Any]
@@ -98,10 +99,19 @@ class MLPBranch(nnx.Module):
         return self.dense_1(jax.nn.gelu(self.dense_0(h)))
 
 
+def _recording_attention(query, key, value, mask=None, dtype=None, precision=None, module=None, **kwargs):
+    """``nnx.dot_product_attention`` that sows the per-head max logits into ``module``
+    (an ``nnx.Intermediate`` named ``max_logits``, read with ``nnx.capture``)."""
+    if module is not None:
+        module.sow(nnx.Intermediate, MAX_LOGITS, attention_max_logits(query, key, mask))
+    return nnx.dot_product_attention(query, key, value, mask=mask, dtype=dtype, precision=precision)
+
+
 class FusedSelfAttention(nnx.Module):
     """Self-attention with one fused ``qkv`` Linear (``features -> 3 features``)
     and ``out`` (LinearGeneral over ``(heads, d_head)``): the twin of
-    :class:`spectral_optax.nn.linen.FusedSelfAttention`, same parameter paths."""
+    :class:`spectral_optax.nn.linen.FusedSelfAttention`, same parameter paths; ``record_max_logits``
+    sows the per-head max logits (``nnx.Intermediate`` ``max_logits``, under ``nnx.capture``)."""
 
     def __init__(
         self,
@@ -110,6 +120,7 @@ class FusedSelfAttention(nnx.Module):
         *,
         kernel_init=default_kernel_init,
         out_kernel_init=default_kernel_init,
+        record_max_logits: bool = False,
         dtype=None,
         param_dtype=jnp.float32,
         rngs,
@@ -119,6 +130,7 @@ class FusedSelfAttention(nnx.Module):
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         self.num_heads = num_heads
         self.dtype = dtype
+        self.record_max_logits = record_max_logits
         self.qkv = nnx.Linear(features, 3 * features, kernel_init=kernel_init, **kw)
         self.out = nnx.LinearGeneral(
             (num_heads, features // num_heads), features, axis=(-2, -1), kernel_init=out_kernel_init, **kw
@@ -127,6 +139,8 @@ class FusedSelfAttention(nnx.Module):
     def __call__(self, x, mask=None):
         d = x.shape[-1]
         qkv = self.qkv(x).reshape(x.shape[:-1] + (3, self.num_heads, d // self.num_heads))
+        if self.record_max_logits:
+            self.sow(nnx.Intermediate, MAX_LOGITS, attention_max_logits(qkv[..., 0, :, :], qkv[..., 1, :, :], mask))
         y = nnx.dot_product_attention(
             qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :], mask=mask, dtype=self.dtype
         )
@@ -137,7 +151,8 @@ class TransformerBlock(nnx.Module):
     """Pre-LN block: ``h += m * attn(ln_attn(h))``; ``h += m * mlp(ln_mlp(h))``.
 
     ``qkv='split'`` uses ``nnx.MultiHeadAttention`` (``attn/{query,key,value,out}``),
-    ``qkv='fused'`` :class:`FusedSelfAttention` (``attn/{qkv,out}``).
+    ``qkv='fused'`` :class:`FusedSelfAttention` (``attn/{qkv,out}``). ``record_max_logits=True``:
+    the attention sows its per-head max logits (``attn/max_logits``; off by default, no cost when off).
     """
 
     def __init__(
@@ -150,6 +165,7 @@ class TransformerBlock(nnx.Module):
         out_scale: float = 1.0,
         causal: bool = True,
         qkv: str = "split",
+        record_max_logits: bool = False,
         kernel_init: Initializer = default_kernel_init,
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
@@ -158,12 +174,21 @@ class TransformerBlock(nnx.Module):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.multiplier = multiplier
         self.causal = causal
+        self.record_max_logits = record_max_logits
         self.ln_attn = nnx.LayerNorm(features, **kw)
         out_init = scale_init(kernel_init, out_scale)
         self.attn: nnx.Module
         if _check_qkv(qkv) == "fused":
-            self.attn = FusedSelfAttention(features, num_heads, kernel_init=kernel_init, out_kernel_init=out_init, **kw)
+            self.attn = FusedSelfAttention(
+                features,
+                num_heads,
+                kernel_init=kernel_init,
+                out_kernel_init=out_init,
+                record_max_logits=record_max_logits,
+                **kw,
+            )
         else:
+            rec = {"attention_fn": _recording_attention} if record_max_logits else {}
             self.attn = nnx.MultiHeadAttention(
                 num_heads=num_heads,
                 in_features=features,
@@ -171,6 +196,7 @@ class TransformerBlock(nnx.Module):
                 out_kernel_init=out_init,
                 decode=False,
                 deterministic=True,
+                **rec,
                 **kw,
             )
         self.ln_mlp = nnx.LayerNorm(features, **kw)
@@ -179,7 +205,10 @@ class TransformerBlock(nnx.Module):
     def __call__(self, h):
         m = jnp.asarray(self.multiplier, h.dtype)
         mask = nnx.make_causal_mask(jnp.ones(h.shape[:-1], jnp.int32)) if self.causal else None
-        h = h + m * self.attn(self.ln_attn(h), mask=mask)
+        if self.record_max_logits and isinstance(self.attn, nnx.MultiHeadAttention):
+            h = h + m * self.attn(self.ln_attn(h), mask=mask, sow_weights=True)
+        else:
+            h = h + m * self.attn(self.ln_attn(h), mask=mask)
         return h + m * self.mlp(self.ln_mlp(h))
 
 
@@ -289,7 +318,9 @@ class Transformer(nnx.Module):
     The twin of :class:`spectral_optax.nn.linen.Transformer` (same parameter
     paths, same function): ``scan=True`` stacks the blocks (``blocks/...``
     with a leading layer axis), ``scan=False`` keeps ``blocks_0 ..``;
-    ``qkv='split' | 'fused'``; ``embedding_init`` for both tables.
+    ``qkv='split' | 'fused'``; ``embedding_init`` for both tables; ``record_max_logits``: every
+    attention sows its per-head max logits (``nnx.capture(model, nnx.Intermediate)``, then
+    :func:`spectral_optax.collect_max_logits`).
     """
 
     def __init__(
@@ -307,6 +338,7 @@ class Transformer(nnx.Module):
         absorbed: bool = False,
         scan: bool = True,
         qkv: str = "split",
+        record_max_logits: bool = False,
         kernel_init: Initializer = default_kernel_init,
         embedding_init: Initializer = default_embed_init,
         dtype: Any = None,
@@ -329,6 +361,7 @@ class Transformer(nnx.Module):
                 multiplier=mult,
                 out_scale=out_scale,
                 qkv=qkv,
+                record_max_logits=record_max_logits,
                 kernel_init=kernel_init,
                 rngs=r,
                 **kw,
