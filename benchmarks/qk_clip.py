@@ -1,0 +1,173 @@
+"""QK-clip on the GPT: does Muon's max attention logit grow, and does ``so.qk_clip`` hold it at tau?
+
+The package's decoder (``spectral_optax.nn.linen.Transformer``, fused QKV, Parametrization-1
+init as in ``benchmarks.gpt_width``) with ``record_max_logits=True`` on byte-level next-byte
+prediction over the embedded text, trained by ``so.muon`` at a constant (high) learning rate,
+without and with ``so.qk_clip(tau)`` chained after it. Every step records the per-layer max
+logit (max over heads) of the batch; at the end, the weight-only bound
+``so.qk_logit_bound`` (inputs of RMS 1) next to the last step's real max logit.
+
+    python -m benchmarks.qk_clip [--lr 0.2] [--tau 20] [--steps 400] [--width 64] [--depth 2]
+        [--seeds 2] [--context 64] [--batch-size 8] [--out DIR] [--json PATH]
+
+Outputs in OUT: ``qk_clip.png`` (max logit per layer over steps, clipped and unclipped) and,
+with ``--json``, every run's curves and final losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import spectral_optax as so
+from spectral_optax import lab
+from spectral_optax.lab._models import embed_init, kernel_init
+
+
+def run(data, *, width, depth, lr, tau, steps, seed, context, batch_size, clip):
+    model = so.nn.linen.Transformer(
+        vocab_size=data.num_outputs,
+        features=width,
+        num_blocks=depth,
+        num_heads=max(1, width // 16),
+        max_len=context,
+        qkv="fused",
+        record_max_logits=True,
+        kernel_init=kernel_init("spectral", gain=1.0),
+        embedding_init=embed_init("spectral"),
+    )
+    x0, _ = data.numpy_batch("train", np.zeros((batch_size,), np.int64))
+    params = model.init(jax.random.key(seed), jnp.asarray(x0))["params"]
+    geometry = so.GeometryMap.from_linen(model, jnp.asarray(x0))
+    opt = so.muon(lr, geometry=geometry)
+    if clip:
+        opt = optax.chain(opt, so.qk_clip(tau, geometry=geometry))
+    state = opt.init(params)
+
+    def loss_fn(p, x, y):
+        logits, inter = model.apply({"params": p}, x, mutable=["intermediates"])
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        return loss, so.collect_max_logits(inter)
+
+    @jax.jit
+    def step(p, s, x, y):
+        (loss, ml), g = jax.value_and_grad(loss_fn, has_aux=True)(p, x, y)
+        u, s = opt.update(g, s, p, max_logits=ml)
+        return optax.apply_updates(p, u), s, loss, ml["blocks/attn"].max(axis=-1)
+
+    rng = np.random.default_rng(seed)
+    losses, maxlog = [], []
+    for _ in range(steps):
+        x, y = data.numpy_batch("train", rng.integers(0, data.num_train, batch_size))
+        params, state, loss, ml = step(params, state, jnp.asarray(x), jnp.asarray(y))
+        losses.append(float(loss))
+        maxlog.append(np.asarray(ml).tolist())
+    # Real max logit of the final params on a fixed batch, and the weight-only bound.
+    xb, yb = data.numpy_batch("train", np.arange(batch_size) * (data.num_train // batch_size))
+    _, ml_end = jax.jit(loss_fn)(params, jnp.asarray(xb), jnp.asarray(yb))
+    bound = so.qk_logit_bound(params, geometry, num_heads=max(1, width // 16))["blocks/attn"]
+    tail = max(1, steps // 20)
+    return {
+        "clip": clip,
+        "seed": seed,
+        "lr": lr,
+        "tau": tau,
+        "width": width,
+        "depth": depth,
+        "steps": steps,
+        "loss": losses,
+        "max_logit": maxlog,
+        "final_loss": float(np.mean(losses[-tail:])),
+        "end_max_logit": np.asarray(ml_end["blocks/attn"]).max(-1).tolist(),
+        "end_bound": np.asarray(bound).max(-1).tolist(),
+    }
+
+
+def plot(runs, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    depth = runs[0]["depth"]
+    fig, axes = plt.subplots(1, depth, figsize=(5 * depth, 3.6), squeeze=False)
+    for r in runs:
+        m = np.asarray(r["max_logit"])
+        for layer in range(depth):
+            ax = axes[0, layer]
+            ax.plot(
+                m[:, layer],
+                color="C1" if r["clip"] else "C0",
+                alpha=0.8,
+                lw=1,
+                ls="-" if r["seed"] == runs[0]["seed"] else "--",
+                label=f"{'qk_clip' if r['clip'] else 'no clip'} seed {r['seed']}",
+            )
+    for layer in range(depth):
+        ax = axes[0, layer]
+        ax.axhline(runs[0]["tau"], color="k", lw=0.8, ls=":", label="tau")
+        ax.set_title(f"layer {layer}: max |logit| (max over heads)")
+        ax.set_xlabel("step")
+        ax.set_yscale("log")
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(f"Muon lr={runs[0]['lr']} (constant), width {runs[0]['width']}, GPT cpu")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lr", type=float, default=0.2)
+    ap.add_argument("--tau", type=float, default=20.0)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--no-clip-only", action="store_true", help="only the unclipped runs (finding the regime)")
+    ap.add_argument("--out", default="docs/figures")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    data = lab.text(context=args.context, sequence=True)
+    runs = []
+    t0 = time.time()
+    for seed in range(args.seeds):
+        for clip in (False,) if args.no_clip_only else (False, True):
+            r = run(
+                data,
+                width=args.width,
+                depth=args.depth,
+                lr=args.lr,
+                tau=args.tau,
+                steps=args.steps,
+                seed=seed,
+                context=args.context,
+                batch_size=args.batch_size,
+                clip=clip,
+            )
+            m = np.asarray(r["max_logit"])
+            print(
+                f"seed {seed} clip={clip}: loss {r['final_loss']:.4f}; max logit step 1 {m[0].max():.2f}, "
+                f"peak {m.max():.2f}, last {m[-1].max():.2f}; end max logit {max(r['end_max_logit']):.2f}, "
+                f"bound {max(r['end_bound']):.1f} ({time.time() - t0:.0f}s)",
+                flush=True,
+            )
+            runs.append(r)
+    if not args.no_clip_only:
+        os.makedirs(args.out, exist_ok=True)
+        plot(runs, os.path.join(args.out, "qk_clip.png"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "runs": runs}, f)
+
+
+if __name__ == "__main__":
+    main()

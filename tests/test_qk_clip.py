@@ -1,0 +1,271 @@
+"""qk_clip, the logit recording and qk_logit_bound against float64 NumPy references."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import spectral_optax as so
+
+warnings.filterwarnings("ignore", category=so.GeometryWarning)
+
+D, N, H = 16, 4, 4
+
+
+def _logits(x, wq, wk, bq=None, bk=None):
+    """float64 reference: per-head max |q.k| / sqrt(d_h); wq (D, N, H), wk (D, K, H)."""
+    x, wq, wk = (np.asarray(a, np.float64) for a in (x, wq, wk))
+    q = np.einsum("td,dnh->tnh", x, wq) + (0 if bq is None else np.asarray(bq, np.float64))
+    k = np.einsum("td,dkh->tkh", x, wk) + (0 if bk is None else np.asarray(bk, np.float64))
+    k = np.repeat(k, wq.shape[1] // wk.shape[1], axis=1)
+    return np.abs(np.einsum("tnh,snh->nts", q, k)).max(axis=(1, 2)) / np.sqrt(wq.shape[-1])
+
+
+def _rand(key, *shape, scale=1.0):
+    return scale * jax.random.normal(jax.random.key(key), shape, jnp.float32)
+
+
+def _clip(params, updates, logits, tau, **kw):
+    t = so.qk_clip(tau, **kw)
+    out, state = jax.jit(t.update)(updates, t.init(params), params, max_logits=logits)
+    assert isinstance(state, optax.EmptyState)
+    return out
+
+
+def _expected(p, u, logits, tau):
+    """new = sqrt(gamma) (p + u) per head, gamma = min(1, tau / S)."""
+    g = np.minimum(1.0, tau / np.asarray(logits, np.float64))
+    return (np.asarray(p, np.float64) + np.asarray(u, np.float64)) * np.sqrt(g)[None, :, None]
+
+
+def test_mha_dense_general_per_head_scaling_and_untouched_heads():
+    x = _rand(0, 8, D)
+    p = {
+        "attn": {
+            "query": {"kernel": _rand(1, D, N, H)},
+            "key": {"kernel": _rand(2, D, N, H)},
+            "value": {"kernel": _rand(3, D, N, H)},
+        }
+    }
+    u = jax.tree.map(lambda a: 0.01 * jnp.ones_like(a), p)
+    s = _logits(x, p["attn"]["query"]["kernel"], p["attn"]["key"]["kernel"])
+    tau = float(np.sort(s)[1] + 1e-3)  # two heads under, two over
+    out = _clip(p, u, {"attn": jnp.asarray(s, jnp.float32)}, tau)
+    for name in ("query", "key"):
+        new = np.asarray(p["attn"][name]["kernel"] + out["attn"][name]["kernel"], np.float64)
+        np.testing.assert_allclose(
+            new, _expected(p["attn"][name]["kernel"], u["attn"][name]["kernel"], s, tau), rtol=2e-5, atol=2e-6
+        )
+        under = s <= tau
+        assert np.array_equal(
+            np.asarray(out["attn"][name]["kernel"])[:, under], np.asarray(u["attn"][name]["kernel"])[:, under]
+        )
+    assert out["attn"]["value"]["kernel"] is u["attn"]["value"]["kernel"] or np.array_equal(
+        out["attn"]["value"]["kernel"], u["attn"]["value"]["kernel"]
+    )
+
+
+def test_clipped_logits_recomputed_are_at_most_tau_with_biases():
+    x = _rand(0, 8, D)
+    p = {
+        "attn": {
+            "query": {"kernel": _rand(1, D, N, H), "bias": _rand(4, N, H)},
+            "key": {"kernel": _rand(2, D, N, H), "bias": _rand(5, N, H)},
+        }
+    }
+    zero = jax.tree.map(jnp.zeros_like, p)
+    a = p["attn"]
+    s = _logits(x, a["query"]["kernel"], a["key"]["kernel"], a["query"]["bias"], a["key"]["bias"])
+    tau = float(s.min() * 0.5)
+    new = optax.apply_updates(p, _clip(p, zero, {"attn": jnp.asarray(s, jnp.float32)}, tau))
+    b = new["attn"]
+    s2 = _logits(x, b["query"]["kernel"], b["key"]["kernel"], b["query"]["bias"], b["key"]["bias"])
+    assert np.all(s2 <= tau * (1 + 1e-5))
+    np.testing.assert_allclose(s2, tau, rtol=1e-5)  # every head was over: now exactly at tau
+
+
+def test_gqa_key_head_takes_the_group_max():
+    k_heads = 2
+    x = _rand(0, 8, D)
+    p = {"attn": {"query": {"kernel": _rand(1, D, N, H)}, "key": {"kernel": _rand(2, D, k_heads, H)}}}
+    zero = jax.tree.map(jnp.zeros_like, p)
+    s = np.array([1.0, 5.0, 2.0, 0.5])  # groups (0, 1) and (2, 3)
+    tau = 2.5
+    out = _clip(p, zero, {"attn": jnp.asarray(s, jnp.float32)}, tau)
+    g = np.minimum(1, tau / s)
+    gk = np.array([g[:2].min(), g[2:].min()])
+    new_q = np.asarray(p["attn"]["query"]["kernel"] + out["attn"]["query"]["kernel"])
+    new_k = np.asarray(p["attn"]["key"]["kernel"] + out["attn"]["key"]["kernel"])
+    np.testing.assert_allclose(new_q, np.asarray(p["attn"]["query"]["kernel"]) * np.sqrt(g)[None, :, None], rtol=1e-6)
+    np.testing.assert_allclose(new_k, np.asarray(p["attn"]["key"]["kernel"]) * np.sqrt(gk)[None, :, None], rtol=1e-6)
+    # and the recomputed logits of the real batch stay under tau where they were measured
+    s_real = _logits(x, p["attn"]["query"]["kernel"], p["attn"]["key"]["kernel"])
+    new = optax.apply_updates(p, _clip(p, zero, {"attn": jnp.asarray(s_real, jnp.float32)}, float(s_real.min())))
+    s2 = _logits(x, new["attn"]["query"]["kernel"], new["attn"]["key"]["kernel"])
+    assert np.all(s2 <= s_real.min() * (1 + 1e-5))
+
+
+def test_fused_c_attn_with_layer_stack():
+    layers = 2
+    w = _rand(1, layers, D, 3 * D)  # (L, D, 3D): q | k | v blocks, heads of width H
+    b = _rand(2, layers, 3 * D)
+    p = {"h": {"attn": {"c_attn": {"kernel": w, "bias": b}}}}
+    zero = jax.tree.map(jnp.zeros_like, p)
+    s = np.array([[1.0, 9.0, 3.0, 0.1], [4.0, 4.0, 4.0, 4.0]])
+    tau = 2.0
+    out = _clip(p, zero, {"h/attn": jnp.asarray(s, jnp.float32)}, tau)
+    g = np.sqrt(np.minimum(1, tau / s))  # (L, N)
+    f = np.ones((layers, 3, N))
+    f[:, 0], f[:, 1] = g, g
+    f = np.repeat(f, H, axis=-1).reshape(layers, 3 * D)
+    new = optax.apply_updates(p, out)["h"]["attn"]["c_attn"]
+    np.testing.assert_allclose(new["kernel"], np.asarray(w) * f[:, None, :], rtol=1e-6)
+    np.testing.assert_allclose(new["bias"], np.asarray(b) * f, rtol=1e-6)
+
+
+def test_gemma_qkv_einsum_and_einsum_heads():
+    w = _rand(1, 3, N, D, H)  # 'BTD,SNDH->SBTNH'
+    p = {"layer_0": {"attn": {"qkv_einsum": {"w": w}}}}
+    zero = jax.tree.map(jnp.zeros_like, p)
+    s = np.array([0.5, 3.0, 8.0, 1.0])
+    out = _clip(p, zero, {"layer_0": {"attn": {"max_logits": jnp.asarray(s, jnp.float32)}}}, 2.0)
+    g = np.sqrt(np.minimum(1, 2.0 / s))
+    exp = np.array(w, np.float64)
+    exp[0] *= g[:, None, None]
+    exp[1] *= g[:, None, None]
+    np.testing.assert_allclose(optax.apply_updates(p, out)["layer_0"]["attn"]["qkv_einsum"]["w"], exp, rtol=1e-6)
+    # q_einsum (N, D, H) + kv_einsum (2, K, D, H), GQA with K = 2
+    p2 = {"attn": {"q_einsum": {"w": _rand(2, N, D, H)}, "kv_einsum": {"w": _rand(3, 2, 2, D, H)}}}
+    z2 = jax.tree.map(jnp.zeros_like, p2)
+    out2 = optax.apply_updates(p2, _clip(p2, z2, {"attn": jnp.asarray(s, jnp.float32)}, 2.0))
+    gk = np.array([g[:2].min(), g[2:].min()])
+    np.testing.assert_allclose(
+        out2["attn"]["q_einsum"]["w"], np.asarray(p2["attn"]["q_einsum"]["w"]) * g[:, None, None], rtol=1e-6
+    )
+    kv = np.array(p2["attn"]["kv_einsum"]["w"], np.float64)
+    kv[0] *= gk[:, None, None]
+    np.testing.assert_allclose(out2["attn"]["kv_einsum"]["w"], kv, rtol=1e-6)
+
+
+def test_bound_against_svd_and_bound_source_clips_to_tau():
+    layers, k_heads = 2, 2
+    p = {
+        "blocks": {
+            "attn": {"query": {"kernel": _rand(1, layers, D, N, H)}, "key": {"kernel": _rand(2, layers, D, k_heads, H)}}
+        }
+    }
+    bound = np.asarray(so.diagnostics.qk_logit_bound(p)["blocks/attn"])
+    wq = np.asarray(p["blocks"]["attn"]["query"]["kernel"], np.float64)
+    wk = np.asarray(p["blocks"]["attn"]["key"]["kernel"], np.float64)
+    ref = np.array(
+        [
+            [np.linalg.svd(wq[l, :, h] @ wk[l, :, h // 2].T, compute_uv=False)[0] * D / np.sqrt(H) for h in range(N)]
+            for l in range(layers)
+        ]
+    )
+    np.testing.assert_allclose(bound, ref, rtol=1e-4)
+    # the bound really bounds the logits of RMS-1 inputs
+    x = _rand(7, 32, D)
+    x = x / jnp.sqrt(jnp.mean(x**2, -1, keepdims=True))
+    assert np.all(_logits(x, wq[0], wk[0]) <= ref[0] * (1 + 1e-6))
+    tau = float(ref.min())
+    t = so.qk_clip(tau, source="bound")
+    zero = jax.tree.map(jnp.zeros_like, p)
+    new = optax.apply_updates(p, t.update(zero, t.init(p), p)[0])
+    assert np.all(np.asarray(so.qk_logit_bound(new)["blocks/attn"]) <= tau * (1 + 1e-4))
+
+
+@pytest.mark.parametrize("qkv", [pytest.param("split", marks=pytest.mark.slow), "fused"])
+def test_chain_after_muon_under_jit_on_the_package_gpt(qkv):
+    model = so.nn.linen.Transformer(
+        vocab_size=17, features=32, num_blocks=2, num_heads=2, max_len=8, qkv=qkv, record_max_logits=True
+    )
+    x = jnp.arange(16).reshape(2, 8) % 17
+    params = model.init(jax.random.key(0), x)["params"]
+    geom = so.GeometryMap.from_linen(model, x)
+    opt = optax.chain(so.muon(0.02, geometry=geom), so.qk_clip(0.5, geometry=geom))
+    ref_opt = so.muon(0.02, geometry=geom)
+
+    def loss(p):
+        y, inter = model.apply({"params": p}, x, mutable=["intermediates"])
+        return jnp.mean(y**2), so.collect_max_logits(inter)
+
+    (_, ml), g = jax.value_and_grad(loss, has_aux=True)(params)
+    assert ml["blocks/attn"].shape == (2, 2)
+    u, _ = jax.jit(opt.update)(g, opt.init(params), params, max_logits=ml)
+    u_ref, _ = ref_opt.update(g, ref_opt.init(params), params)
+    # the new params are sqrt(gamma) times muon's new params on the query heads
+    gamma = np.minimum(1, 0.5 / np.asarray(ml["blocks/attn"], np.float64))  # (L, N)
+    leaf = "qkv" if qkv == "fused" else "query"
+    new = np.asarray(optax.apply_updates(params, u)["blocks"]["attn"][leaf]["kernel"], np.float64)
+    new_ref = np.asarray(optax.apply_updates(params, u_ref)["blocks"]["attn"][leaf]["kernel"], np.float64)
+    if qkv == "fused":
+        fac = np.repeat(np.sqrt(gamma), 16, axis=-1)[:, None, :]  # query block: the first 32 columns
+        np.testing.assert_allclose(new[..., :32], new_ref[..., :32] * fac, rtol=1e-4, atol=1e-6)
+        np.testing.assert_array_equal(new[..., 64:], new_ref[..., 64:])  # value block untouched
+    else:
+        np.testing.assert_allclose(new, new_ref * np.sqrt(gamma)[:, None, :, None], rtol=1e-4, atol=1e-6)
+    # untouched leaves are muon's updates bit for bit
+    assert np.array_equal(u["blocks"]["mlp"]["dense_0"]["kernel"], u_ref["blocks"]["mlp"]["dense_0"]["kernel"])
+
+
+def test_recorded_max_logits_match_reference_and_off_by_default():
+    x = jnp.arange(16).reshape(2, 8) % 11
+    m = so.nn.linen.Transformer(vocab_size=11, features=16, num_blocks=1, num_heads=4, max_len=8, scan=False)
+    v = m.init(jax.random.key(0), x)
+    _, st = m.apply(v, x, mutable=["intermediates"])
+    assert not jax.tree.leaves(st)  # off by default: nothing sown
+    nm = so.nn.nnx.Transformer(11, 16, 1, 4, max_len=8, scan=False, rngs=nnx.Rngs(0))
+    _, inter = nnx.capture(nm, nnx.Intermediate)(x)
+    assert not jax.tree.leaves(inter)
+    # on: the recorded value equals attention_max_logits of q, k; q, k recomputed in float64
+    q, k = _rand(1, 2, 8, 4, 4), _rand(2, 2, 8, 2, 4)
+    mask = np.tril(np.ones((8, 8), bool))[None, None]
+    got = np.asarray(so.attention_max_logits(q, k, mask))
+    qd, kd = np.asarray(q, np.float64), np.repeat(np.asarray(k, np.float64), 2, axis=2)
+    s = np.abs(np.einsum("btnh,bsnh->bnts", qd, kd)) / 2.0
+    np.testing.assert_allclose(got, np.where(mask, s, 0).max(axis=(0, 2, 3)), rtol=1e-5)
+    mr = m.clone(record_max_logits=True)
+    _, st = mr.apply(v, x, mutable=["intermediates"])
+    ml = so.collect_max_logits(st)["blocks_0/attn"]
+    # the sown value is the float64 max logit of the block's own q, k (LayerNorm of the embedded input)
+    pa = jax.tree.map(lambda t: np.asarray(t, np.float64), v["params"])
+    h = pa["embed"]["embedding"][np.asarray(x)] + pa["pos_embed"]["embedding"][np.arange(8)]
+    ln = pa["blocks_0"]["ln_attn"]
+    mu, var = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+    y = (h - mu) / np.sqrt(var + 1e-6) * ln["scale"] + ln["bias"]
+    at = pa["blocks_0"]["attn"]
+    q = np.einsum("btd,dnh->btnh", y, at["query"]["kernel"]) + at["query"]["bias"]
+    k = np.einsum("btd,dnh->btnh", y, at["key"]["kernel"]) + at["key"]["bias"]
+    s_ref = np.where(mask, np.abs(np.einsum("btnh,bsnh->bnts", q, k)) / 2.0, 0).max(axis=(0, 2, 3))
+    np.testing.assert_allclose(np.asarray(ml), s_ref, rtol=1e-4)
+
+
+def test_bf16_params_keep_dtype_and_errors():
+    p = {
+        "attn": {
+            "query": {"kernel": _rand(1, D, N, H).astype(jnp.bfloat16)},
+            "key": {"kernel": _rand(2, D, N, H).astype(jnp.bfloat16)},
+        }
+    }
+    u = jax.tree.map(jnp.zeros_like, p)
+    out = _clip(p, u, {"attn": jnp.array([1.0, 5.0, 1.0, 1.0])}, 2.0)
+    assert out["attn"]["query"]["kernel"].dtype == jnp.bfloat16
+    q = np.asarray(out["attn"]["query"]["kernel"], np.float32)
+    assert np.all(q[:, 0] == 0) and np.all(q[:, 2:] == 0) and np.any(q[:, 1] != 0)  # only head 1 clipped
+    with pytest.raises(ValueError, match="max_logits"):
+        so.qk_clip(1.0).update(u, optax.EmptyState(), p)
+    with pytest.raises(ValueError, match="AttentionSpec"):
+        so.qk_clip(1.0).update(u, optax.EmptyState(), p, max_logits={"nowhere": jnp.ones(4)})
+    with pytest.raises(ValueError, match="threshold"):
+        so.qk_clip(-1.0)
+    fused = {"attn": {"qkv": {"kernel": _rand(1, D, 3 * D)}}}
+    with pytest.raises(ValueError, match="num_heads"):
+        so.qk_logit_bound(fused)
+    assert so.qk_logit_bound(fused, num_heads=N)["attn"].shape == (1, N)
