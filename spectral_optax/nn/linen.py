@@ -219,7 +219,7 @@ class TransformerBlock(nn.Module):
                 **kw,
             )(y, mask=mask)
         else:
-            rec = {"attention_fn": _recording_attention} if self.record_max_logits else {}
+            rec: dict[str, Any] = {"attention_fn": _recording_attention} if self.record_max_logits else {}
             y = nn.MultiHeadDotProductAttention(
                 num_heads=self.num_heads,
                 kernel_init=self.kernel_init,

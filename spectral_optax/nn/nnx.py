@@ -188,7 +188,7 @@ class TransformerBlock(nnx.Module):
                 **kw,
             )
         else:
-            rec = {"attention_fn": _recording_attention} if record_max_logits else {}
+            rec: dict[str, Any] = {"attention_fn": _recording_attention} if record_max_logits else {}
             self.attn = nnx.MultiHeadAttention(
                 num_heads=num_heads,
                 in_features=features,
