@@ -87,6 +87,11 @@ def collect_max_logits(intermediates: Any, name: str = MAX_LOGITS) -> dict[str, 
     ``name`` is a value sown by the module above it. Several calls of one module
     (several sown values) give their elementwise max.
 
+    Args:
+      intermediates: the Linen ``intermediates`` collection (or the dict holding it) or an
+        NNX ``State`` of ``nnx.Intermediate`` values.
+      name: the sown name (default ``'max_logits'``, as the package's attention blocks use).
+
     Returns:
       ``{'blocks/attn': (layers..., N) array, ...}``: the ``max_logits=`` argument of
       :func:`qk_clip` (stacked layers, from ``nn.scan`` / ``nnx.scan``, lead).
