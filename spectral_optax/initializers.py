@@ -68,8 +68,9 @@ import numpy as np
 
 from spectral_optax._geometry import Geometry, GeometryLike, from_matrix, map_with_geometry, to_matrix
 from spectral_optax._numerics import safe_max_abs, top_singular_value
+from spectral_optax._tied import tied_readout, tied_readout_multiplier
 
-__all__ = ["spectral_normal", "spectral_orthogonal", "spectral_embedding", "spectral_normalized", "reinitialize"]
+__all__ = ["spectral_normal", "spectral_orthogonal", "spectral_embedding", "spectral_normalized", "reinitialize", "tied_readout", "tied_readout_multiplier"]
 
 Initializer = Callable[..., jax.Array]
 Axes = int | Sequence[int] | None

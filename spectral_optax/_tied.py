@@ -1,0 +1,86 @@
+"""The read-out multiplier of a tied embedding table (Parametrization 1).
+
+A tied table ``E`` (``(vocab, d)``) is read twice: as a lookup ``h0 = E[token]``
+and as the read-out ``logits = h @ E^T`` (Flax's ``Embed.attend``). The lookup's
+spectral condition (one-hot input, ``n_in = 1``) wants Theta(1) entries, which
+:func:`~spectral_optax.initializers.reinitialize` draws (``N(0, 1)``). With those
+entries and Theta(1) features ``h``, ``h @ E^T`` has entries of size
+``sqrt(d)`` at init (independent) and ``d`` once ``h`` aligns with ``E``, so
+the logits, and the initial loss, grow with the width. The read-out needs
+``||E^T||_* = Theta(sqrt(vocab / d))``, i.e. a factor ``1/d`` on the product
+relative to Theta(1) entries: muP puts it in the forward pass as an output
+multiplier (microsoft/mup's ``MuSharedReadout``, ``output_mult / width``).
+
+:func:`tied_readout` applies that multiplier to a Linen model the user cannot
+edit: inside the context, every ``flax.linen.Embed.attend`` returns its logits
+times ``multiplier``. :func:`tied_readout_multiplier` gives the multiplier
+``base_width / d`` from the table's geometry. docs/math.md states the
+derivation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+from spectral_optax._geometry import GeometryLike, as_geometry_map
+
+__all__ = ["tied_readout", "tied_readout_multiplier"]
+
+
+def tied_readout_multiplier(params, geometry: GeometryLike = None, *, base_width: float = 1.0) -> float:
+    """``base_width / d`` for the tied table of ``params`` (``d``: its fan-out size, the model width).
+
+    The tied table is the leaf whose geometry is ``kind='embedding'`` with
+    ``role='output'`` (the trace of :meth:`~spectral_optax.GeometryMap.from_linen`
+    marks it so).
+
+    Raises:
+      ValueError: no tied table, or several of different widths.
+    """
+    base_width = float(base_width)
+    if not math.isfinite(base_width) or base_width <= 0:
+        raise ValueError(f"tied_readout_multiplier: base_width must be a finite number > 0, got {base_width}")
+    gmap = as_geometry_map(geometry)
+    widths = {path: g.d_out for path, g in gmap.leaves(params) if g.kind == "embedding" and g.role == "output"}
+    if not widths:
+        raise ValueError(
+            "tied_readout_multiplier: no tied embedding table (kind 'embedding', role 'output') in params; "
+            "pass geometry=so.GeometryMap.from_linen(model, x) so that the trace marks the read-out, "
+            "or leave an untied model as it is (its head is a matrix)."
+        )
+    if len(set(widths.values())) > 1:
+        raise ValueError(
+            f"tied_readout_multiplier: tied tables of different widths {widths}; pass one multiplier per model"
+        )
+    return base_width / next(iter(widths.values()))
+
+
+@contextlib.contextmanager
+def tied_readout(multiplier: float) -> Iterator[None]:
+    """Within the context, ``flax.linen.Embed.attend`` returns ``multiplier * (query @ E^T)``.
+
+    Use it around ``model.apply`` (training and evaluation alike), e.g.::
+
+        m = so.initializers.tied_readout_multiplier(params, geometry)
+        with so.initializers.tied_readout(m):
+            logits = model.apply({'params': params}, x)
+
+    The gradients that reach ``E`` through the read-out are scaled by the same
+    factor (the chain rule), so the optimizers see the reparametrized model.
+    """
+    import flax.linen as nn
+
+    multiplier = float(multiplier)
+    if not math.isfinite(multiplier) or multiplier <= 0:
+        raise ValueError(f"tied_readout: multiplier must be a finite number > 0, got {multiplier}")
+
+    def interceptor(next_fun, args, kwargs, context):
+        out = next_fun(*args, **kwargs)
+        if isinstance(context.module, nn.Embed) and context.method_name == "attend":
+            return out * multiplier
+        return out
+
+    with nn.intercept_methods(interceptor):
+        yield
