@@ -155,7 +155,7 @@ def keeping_specs(fn: Callable, leaves: Sequence[Any], mesh=None):
     explicit = tuple(a for a in mesh.axis_names if is_explicit(mesh, (a,))) if mesh is not None else ()
     if not explicit:
         out = fn(*leaves)
-        if mesh is None or mesh.empty:
+        if mesh is None or mesh.empty or "Manual" in _axis_types(mesh).values():
             return out
         free = lambda y: P(*[P.UNCONSTRAINED] * y.ndim)
         return tuple(jax.lax.with_sharding_constraint(y, jax.sharding.NamedSharding(mesh, free(y))) for y in out)

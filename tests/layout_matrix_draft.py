@@ -1,0 +1,178 @@
+"""The layout matrix: every named optimizer x axis type x mesh layout x tree, on 8 host devices.
+
+Each case jits one update on sharded arrays and checks that it equals the same update on
+one device (float32, relative 1e-5 of each leaf's scale) and that the updates keep the
+parameters' shardings and the new state its input state's (the shardings jit returns,
+compared by ``is_equivalent_to``). Layouts (a kernel's fan-in / fan-out from its geometry;
+an axis is sharded only where the mesh axis divides it):
+
+* ``one``: a mesh of one device;
+* ``fsdp``: ``('data',) = (8,)``, the largest divisible axis over ``data``;
+* ``fsdp_tp``: ``('data', 'model') = (4, 2)``, fan-in over ``data``, fan-out over ``model``;
+* ``row_parallel``: the same mesh, fan-in over ``model`` (Megatron's row-parallel ``o`` /
+  ``down``), fan-out over ``data``;
+* ``tp``: ``('model',) = (8,)``, fan-out over ``model`` only;
+* ``replicated``: ``('data',) = (8,)``, every leaf ``P()``.
+
+Trees: fewer matrices than devices, more, a fused QKV (``c_attn``), an ``nn.scan`` stack, a
+4-D expert stack under a layer stack, leaves whose dimensions divide no mesh axis.
+
+The fast tier runs a covering subset (every pair of layout and tree, each optimizer and axis
+type in turn); ``-m slow`` runs the whole matrix, one subprocess per optimizer.
+"""
+
+import itertools
+
+import pytest
+from test_sharding import run_script
+
+OPTIMIZERS = ("muon", "normuon", "moga", "spectral_sgd", "mup_adamw", "contrib_muon")
+AXIS_TYPES = ("Explicit", "Auto")
+LAYOUTS = ("one", "fsdp", "fsdp_tp", "row_parallel", "tp", "replicated")
+TREES = ("few", "many", "fused_qkv", "scan", "experts", "indivisible")
+
+SCRIPT = """
+import itertools, sys
+import jax, jax.numpy as jnp, numpy as np, optax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import spectral_optax as so
+
+assert jax.device_count() == 8, jax.devices()
+MATRIX = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
+TREES = {
+    "few": ({f"b{i}": {"fc": {"kernel": (64, 256)}, "fc2": {"kernel": (256, 64)}} for i in range(2)}, None),
+    "many": ({"embed": {"embedding": (64, 32)}, "norm": {"scale": (32,)},
+              **{f"b{i}": {"q": {"kernel": (32, 32)}, "fc": {"kernel": (32, 128), "bias": (128,)},
+                           "fc2": {"kernel": (128, 32)}} for i in range(6)}}, None),
+    "fused_qkv": ({f"h{i}": {"attn": {"c_attn": {"kernel": (32, 96), "bias": (96,)},
+                                      "c_proj": {"kernel": (32, 32)}}} for i in range(2)}, None),
+    "scan": ({"blocks": {"fc": {"kernel": (4, 32, 64)}, "fc2": {"kernel": (4, 64, 32)}, "ln": {"scale": (4, 32)}}},
+             {r"^blocks/.*/kernel$": MATRIX, r"^blocks/ln/scale$": {"kind": "vector", "fan_out_axes": (-1,)}}),
+    "experts": ({"layers": {"moe": {"wi": {"kernel": (2, 4, 32, 64)}, "wo": {"kernel": (2, 4, 64, 32)}},
+                            "router": {"kernel": (2, 32, 4)}}},
+                {r"^layers/moe/.*/kernel$": MATRIX, r"^layers/router/kernel$": MATRIX}),
+    "indivisible": ({"odd": {"kernel": (7, 13)}, "w": {"kernel": (33, 65)}, "v": {"bias": (5,)}}, None),
+}
+LAYOUTS = {  # mesh shape, axis names, (fan-in entry, fan-out entry, largest-axis entry)
+    "one": ((1,), ("data",), (None, None, "data")),
+    "fsdp": ((8,), ("data",), (None, None, "data")),
+    "fsdp_tp": ((4, 2), ("data", "model"), ("data", "model", None)),
+    "row_parallel": ((4, 2), ("data", "model"), ("model", "data", None)),
+    "tp": ((8,), ("model",), (None, "model", None)),
+    "replicated": ((8,), ("data",), (None, None, None)),
+}
+OPTIMIZERS = {
+    "muon": lambda g: so.muon(1e-2, geometry=g),
+    "normuon": lambda g: so.normuon(1e-2, geometry=g),
+    "moga": lambda g: so.moga(1e-2, geometry=g),
+    "spectral_sgd": lambda g: so.spectral_sgd(1e-2, geometry=g),
+    "mup_adamw": lambda g: so.mup_adamw(1e-3, geometry=g),
+    "contrib_muon": lambda g: optax.contrib.muon(1e-2),
+}
+
+
+def specs_for(tree, geometry, layout, sizes):
+    fan_in_name, fan_out_name, largest_name = layout
+    is_shape = lambda s: isinstance(s, tuple)
+    plain = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), tree, is_leaf=is_shape)
+    geoms = dict(so.as_geometry_map(geometry).leaves(plain))
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_shape)
+    out = []
+    for path, shape in flat:
+        g = geoms[so._geometry.path_str(path)]
+        entries = [None] * len(shape)
+        def put(axes, name):
+            for a in axes:
+                a = a % len(shape)
+                if name and entries[a] is None and name not in entries and shape[a] % sizes[name] == 0:
+                    entries[a] = name
+                    return
+        if g.kind == "matrix":
+            put(g.fan_in_axes, fan_in_name)
+            put(g.fan_out_axes, fan_out_name)
+        if largest_name:
+            put(sorted(range(len(shape)), key=lambda a: -shape[a]), largest_name)
+        out.append(P(*entries))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def close(a, b, name):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(np.max(np.abs(b), initial=0.0), 1e-30), err_msg=name)
+
+
+def same_layout(got, want, what):
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)):
+        if getattr(x, "ndim", 0) and hasattr(y, "sharding"):
+            assert x.sharding.is_equivalent_to(y.sharding, x.ndim), (what, path, x.sharding, y.sharding)
+
+
+reference = {}
+for opt, axis_type, layout, tree_name in CASES:
+    shapes, geometry = TREES[tree_name]
+    is_shape = lambda s: isinstance(s, tuple)
+    keys = iter(jax.random.split(jax.random.key(0), 64))
+    params = jax.tree.map(lambda s: 0.1 * jax.random.normal(next(keys), s), shapes, is_leaf=is_shape)
+    grads = jax.tree.map(lambda s: jax.random.normal(next(keys), s), shapes, is_leaf=is_shape)
+    tx = OPTIMIZERS[opt](geometry)
+    if (opt, tree_name) not in reference:
+        host = jax.devices()[0]
+        p1, g1 = jax.device_put(params, host), jax.device_put(grads, host)
+        s1 = tx.init(p1)
+        u1, _ = jax.jit(tx.update)(g1, s1, p1)
+        u1, _ = jax.jit(tx.update)(g1, jax.jit(tx.update)(g1, s1, p1)[1], p1)  # a second step: the state's wiring
+        reference[(opt, tree_name)] = jax.tree.map(np.asarray, u1)
+    shape, names, layout_names = LAYOUTS[layout]
+    devices = jax.devices()[: int(np.prod(shape))]
+    mesh = jax.make_mesh(shape, names, axis_types=(getattr(AxisType, axis_type),) * len(names), devices=devices)
+    specs = specs_for(shapes, geometry, layout_names, dict(zip(names, shape)))
+    put = lambda tree: jax.tree.map(lambda x, sp: jax.device_put(x, NamedSharding(mesh, sp)), tree, specs)
+    p, g = put(params), put(grads)
+    state = tx.init(p)
+    step = jax.jit(tx.update)
+    _, state1 = step(g, state, p)
+    same_layout(state1, state, "state")
+    u, state2 = step(g, state1, p)
+    same_layout(u, p, "updates")
+    same_layout(state2, state, "state")
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(u)[0], jax.tree.leaves(reference[(opt, tree_name)])):
+        close(x, y, f"{opt} {axis_type} {layout} {tree_name} {jax.tree_util.keystr(path)}")
+    print("ok", opt, axis_type, layout, tree_name, flush=True)
+"""
+
+
+def covering_cases():
+    """Every (layout, tree) pair once; optimizers and axis types rotate over them so each
+    optimizer meets every layout and every tree, on both axis types."""
+    cases = []
+    for (j, layout), (t, tree) in itertools.product(enumerate(LAYOUTS), enumerate(TREES)):
+        cases.append((OPTIMIZERS[(j + t) % len(OPTIMIZERS)], AXIS_TYPES[(t + j // 3) % 2], layout, tree))
+    return cases
+
+
+def _run(cases, timeout=1500):
+    out = run_script(f"CASES = {cases!r}\n" + SCRIPT, devices=8, timeout=timeout)
+    for case in cases:
+        assert "ok " + " ".join(case) + "\n" in out, (case, out[-3000:])
+
+
+def test_covering_cases_cover_every_pair():
+    cases = covering_cases()
+    pairs = lambda a, b: {(c[a], c[b]) for c in cases}
+    assert pairs(2, 3) == set(itertools.product(LAYOUTS, TREES))
+    assert pairs(0, 2) == set(itertools.product(OPTIMIZERS, LAYOUTS))
+    assert pairs(0, 3) == set(itertools.product(OPTIMIZERS, TREES))
+    assert {c[1] for c in cases} == set(AXIS_TYPES)
+    assert pairs(0, 1) == set(itertools.product(OPTIMIZERS, AXIS_TYPES))
+    assert pairs(1, 2) == set(itertools.product(AXIS_TYPES, LAYOUTS))
+    assert pairs(1, 3) == set(itertools.product(AXIS_TYPES, TREES))
+
+
+def test_layout_matrix_covering_subset():
+    _run(covering_cases())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_layout_matrix_every_case(optimizer):
+    _run([(optimizer, *rest) for rest in itertools.product(AXIS_TYPES, LAYOUTS, TREES)], timeout=3000)
