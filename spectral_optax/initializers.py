@@ -70,7 +70,15 @@ from spectral_optax._geometry import Geometry, GeometryLike, from_matrix, map_wi
 from spectral_optax._numerics import safe_max_abs, top_singular_value
 from spectral_optax._tied import tied_readout, tied_readout_multiplier
 
-__all__ = ["spectral_normal", "spectral_orthogonal", "spectral_embedding", "spectral_normalized", "reinitialize", "tied_readout", "tied_readout_multiplier"]
+__all__ = [
+    "spectral_normal",
+    "spectral_orthogonal",
+    "spectral_embedding",
+    "spectral_normalized",
+    "reinitialize",
+    "tied_readout",
+    "tied_readout_multiplier",
+]
 
 Initializer = Callable[..., jax.Array]
 Axes = int | Sequence[int] | None
