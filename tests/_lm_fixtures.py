@@ -35,6 +35,7 @@ class TiedDecoder(nn.Module):
     vocab: int = 256
     layers: int = 2
     context: int = 16
+    tied: bool = True  # logits by embed.attend (nanodo); False: a separate Dense head
 
     @nn.compact
     def __call__(self, tokens):
@@ -43,15 +44,9 @@ class TiedDecoder(nn.Module):
         x = embed(tokens) + pos[: tokens.shape[1]]
         for i in range(self.layers):
             x = Block(self.d, name=f"block_{i}")(x)
-        return embed.attend(nn.LayerNorm(name="out_norm")(x))
+        x = nn.LayerNorm(name="out_norm")(x)
+        return embed.attend(x) if self.tied else nn.Dense(self.vocab, name="head")(x)
 
 
 class UntiedDecoder(TiedDecoder):
-    @nn.compact
-    def __call__(self, tokens):
-        embed = nn.Embed(self.vocab, self.d, name="embed")
-        pos = self.param("pos_embed", nn.initializers.normal(0.02), (self.context, self.d))
-        x = embed(tokens) + pos[: tokens.shape[1]]
-        for i in range(self.layers):
-            x = Block(self.d, name=f"block_{i}")(x)
-        return nn.Dense(self.vocab, name="head")(nn.LayerNorm(name="out_norm")(x))
+    tied: bool = False
