@@ -36,6 +36,16 @@ def tied_readout_multiplier(params, geometry: GeometryLike = None, *, base_width
     ``role='output'`` (the trace of :meth:`~spectral_optax.GeometryMap.from_linen`
     marks it so).
 
+    Args:
+      params: the parameter tree.
+      geometry: see :func:`spectral_optax.as_geometry_map`; the trace of the model is what marks
+        the tied read-out.
+      base_width: the width at which the multiplier is 1 (the proxy's width, so that the proxy
+        trains as it did before).
+
+    Returns:
+      The read-out multiplier ``base_width / d`` (a Python float).
+
     Raises:
       ValueError: no tied table, or several of different widths.
     """
@@ -69,6 +79,10 @@ def tied_readout(multiplier: float) -> Iterator[None]:
 
     The gradients that reach ``E`` through the read-out are scaled by the same
     factor (the chain rule), so the optimizers see the reparametrized model.
+
+    Args:
+      multiplier: the factor on the logits, a finite number > 0 (from
+        :func:`tied_readout_multiplier`).
     """
     import flax.linen as nn
 

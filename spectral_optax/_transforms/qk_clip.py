@@ -307,9 +307,9 @@ def qk_logit_bound(
       params: the parameter tree.
       geometry: see :func:`spectral_optax.as_geometry_map` (fan axes, fused splits, layer stacks).
       attention: ``{attention path: AttentionSpec or dict}`` where the names do not tell
-        (default: found by name, see :class:`AttentionSpec`).
+        (default: found by name, see :class:`~spectral_optax.AttentionSpec`).
       num_heads: the query head count of every attention whose kernels do not show it (a fused
-        ``(d, 3 d)`` kernel); an :class:`AttentionSpec` overrides it.
+        ``(d, 3 d)`` kernel); an :class:`~spectral_optax.AttentionSpec` overrides it.
       input_norm: the bound ``r`` on the input norm (scalar).
 
     Returns:
