@@ -83,3 +83,25 @@ def tf32_round(x):
     bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
     bits = (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
     return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+_SLOW_TIER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_tier.txt")
+
+
+def _slow_tier_ids() -> set[str]:
+    with open(_SLOW_TIER) as f:
+        return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the measured slow tier (``tests/slow_tier.txt``) ``slow``; a stale id fails the collection."""
+    ids = _slow_tier_ids()
+    seen = set()
+    for item in items:
+        if item.nodeid in ids:
+            item.add_marker(pytest.mark.slow)
+            seen.add(item.nodeid)
+    files = {item.nodeid.split("::")[0] for item in items}
+    stale = sorted(i for i in ids - seen if i.split("::")[0] in files and not config.getoption("-k"))
+    if stale and not config.getoption("deselect") and len(files) > 1:
+        raise pytest.UsageError(f"tests/slow_tier.txt names tests that do not exist (renamed or removed?): {stale}")
