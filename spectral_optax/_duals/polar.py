@@ -134,21 +134,22 @@ PRECONDITIONINGS = ("frobenius", "schatten", "aol", "power")
 
 #: Power iterations on the first step's ``A^2`` that estimate the largest
 #: singular value for the ``'power'`` start (matrix-vector products only).
-#: Measured worst case, Gaussian matrices (no spectral gap) 768^2 to 2048^2
-#: and 1024 x 4096, float64: the estimate is at most 1.025x below sigma_max
-#: after 10 iterations of one start (1.036x after 8, 1.06x after 4), and
-#: 1.024x after 8 iterations of the :data:`POWER_STARTS` (4) starts (seeds 0-2,
-#: 2026-12-01).
+#: The Rayleigh quotient is a lower bound on ``lambda_max(A^2) = sigma_max^4``
+#: that approaches it geometrically in the eigenvalue ratio below the top, so
+#: the slowest case is a matrix without a spectral gap (a Gaussian one);
+#: :data:`POWER_SAFETY` covers the undershoot left after these iterations of
+#: the :data:`POWER_STARTS` starts (docs/math.md, "Orthogonalization at fewer
+#: flops"; the figures are in docs/lab_log.md).
 POWER_ITERATIONS: int = 8
 
 #: Start vectors of the power iteration (fixed pseudo-random, iterated side by
 #: side; the largest Rayleigh quotient is kept). One start misses a matrix
-#: whose top eigenvector it is nearly orthogonal to: measured 2026-12-01 in a
-#: bfloat16 GPT run with ``'power4'``, one momentum matrix of ``64 x 256`` had
-#: overlap ``1.2e-4`` with the single start, the estimate came out 0.59x
-#: ``lambda_max(B^2)``, ``sigma_1(X_0) = 1.107`` and the steep tables took it
-#: to 152 after two steps: the run diverged. With ``p`` independent starts such
-#: a miss needs all ``p`` overlaps that small (about ``(2e-3)^p`` per matrix).
+#: whose top eigenvector it is nearly orthogonal to: the estimate then falls
+#: below ``sigma_max / POWER_SAFETY``, ``sigma_1(X_0) > 1`` and the steep
+#: ``'power'`` tables blow that value up within a step or two (a bfloat16
+#: training run that diverged this way with one start: docs/lab_log.md). With
+#: ``p`` independent starts such a miss needs all ``p`` overlaps that small
+#: (about ``(2e-3)^p`` per matrix); :data:`POWER_GUARD` catches the rest.
 POWER_STARTS: int = 4
 
 #: The ``'power'`` start's guard: a result with ``||Y||_F^2 > POWER_GUARD^2 *
@@ -198,8 +199,8 @@ POWER4_COEFFICIENTS: tuple[Triple, ...] = (
 AUTO_GRAM_ASPECT: float = 2.0
 
 #: The Gram-space iteration with 10 mantissa bits (float16, TensorFloat-32)
-#: restarts from ``X`` every this many steps (``gram_restarts``; chosen
-#: by measurement).
+#: restarts from ``X`` every this many steps (``gram_restarts``; the bands it
+#: holds: docs/benchmarks.md, "Orthogonalization methods").
 HALF_PRECISION_RESTART_EVERY: int = 2
 
 Coefficients = str | Triple | Sequence[Triple] | np.ndarray | Callable[[jax.Array], jax.Array]
@@ -328,14 +329,23 @@ def auto_schedule(m: int, n: int, compute_dtype: Any = None) -> tuple[str, str, 
     The one place where the default iteration is chosen (from the compute
     dtype and the matrix's shape):
 
-    * >= 32-bit compute: ``('quintic', 'auto', None)`` (``newton_schulz_method``
-      and ``gram_restarts`` decide the rest);
-    * bfloat16 (the GPU/TPU default): :func:`power4_schedule`, ``'power4'``
-      from the ``'power'`` start, standard on near-square matrices and in Gram
-      space with one restart on aspect >= ``AUTO_GRAM_ASPECT``: 0.600x the
-      flops of 5 quintic steps on the GPT-2-small tree (docs/benchmarks.md,
-      "Orthogonalization methods");
-    * float16: ``('polar_express_schatten', 'auto', None)``.
+    * >= 32-bit compute: ``('quintic', 'auto', None)``: 5 quintic steps from
+      the Frobenius start; ``newton_schulz_method`` and ``gram_restarts`` decide
+      the rest (at ``Precision.HIGHEST``: Gram space without restarts where it
+      saves >= 25% of the flops: aspect >= 2.41 at 5 steps);
+    * bfloat16 (the GPU/TPU default): :func:`power4_schedule`, 4 ``'power4'``
+      steps from the ``'power'`` start, standard for ``max(m, n) <
+      AUTO_GRAM_ASPECT * min(m, n)`` and otherwise ``('power4', 'gram', (1,))``:
+      the first step in ``X`` space, the other three in Gram space (a tall
+      matrix on its transpose); 0.600x the flops of 5 quintic steps on the
+      GPT-2-small tree with its head (docs/math.md, "Orthogonalization at
+      fewer flops");
+    * float16: ``('polar_express_schatten', 'auto', None)``: 4 steps from the
+      Schatten-4 start; ``newton_schulz_method`` runs Gram space with a restart
+      every 2 steps where that saves >= 25% (aspect >= 3.5 at 4 steps).
+
+    docs/guide.md ("Coefficients") renders this function's choices per dtype
+    and shape (``tools/render_defaults.py``; a test compares them).
 
     Args:
       m: rows.
@@ -744,17 +754,26 @@ def gram_restarts(steps: int, dtype=jnp.float32, precision: Any = None, restarts
     """The restart schedule of the Gram-space iteration (step indices where ``X`` is re-formed).
 
     ``restarts`` given (a sequence of step indices in ``1 .. steps - 1``):
-    returned sorted. ``None``: the schedule measured to hold the quality
-    bands (docs/benchmarks.md, "Orthogonalization methods"):
+    returned sorted. ``None``: the default for the mantissa bits of the
+    products (the bands these hold: docs/benchmarks.md, "Orthogonalization
+    methods"):
 
     * float32 at ``Precision.HIGHEST`` (23 mantissa bits): no restart;
     * float16 and float32 at a lower precision (10 bits): every
       :data:`HALF_PRECISION_RESTART_EVERY` = 2 steps (as in Dao-AILab's
       gram-newton-schulz, which runs in float16);
     * bfloat16 (7 bits): every step but the last two (``1 .. steps - 2``):
-      the Gram matrix in bfloat16 cannot hold the small eigenvalues
-      ``sigma^2`` of the first steps, and with fewer restarts the measured
-      singular values left the bands or overflowed.
+      a bfloat16 Gram matrix cannot resolve the small eigenvalues ``sigma^2``
+      of the first steps (docs/math.md, "Orthogonalization at fewer flops").
+
+    The bfloat16 default of ``coefficients='auto'`` does not use this schedule:
+    :func:`power4_schedule` passes its own, ``(1,)``, to :func:`newton_schulz`.
+
+    Args:
+      steps: iterations.
+      dtype: the compute dtype.
+      precision: the matmuls' precision (``resolve_precision``).
+      restarts: an explicit schedule, or ``None``.
     """
     if restarts is not None:
         out = tuple(sorted({int(i) for i in restarts}))
@@ -775,11 +794,11 @@ def newton_schulz_method(
     """The variant :func:`newton_schulz` runs for an ``m x n`` matrix: ``'standard'`` or ``'gram'``.
 
     The Gram-space variant has no self-correction through ``X`` within a
-    segment: the round-off of every Gram-space product accumulates in ``Q``
-    (without restarts, at TensorFloat-32, 10 mantissa bits, Polar Express 8
-    steps was measured 0.29 away from 1 on an NVIDIA H200, against < 1e-4 at
-    float32; in bfloat16 it overflows). Restarts (``gram_restarts``)
-    cure it. ``'auto'`` picks it when it saves at least 25% of the flops
+    segment: the round-off of every Gram-space product accumulates in ``Q``,
+    and with fewer than 23 mantissa bits that leaves the band around 1 or
+    overflows (docs/math.md, "Orthogonalization at fewer flops"; the figures
+    are in docs/lab_log.md). Restarts (``gram_restarts``) re-form ``X`` and
+    bound the accumulation. ``'auto'`` picks it when it saves at least 25% of the flops
     (:func:`newton_schulz_flops`, with those restarts) and
 
     * the compute ``dtype`` has >= 32 bits **and** the matmuls run at
@@ -789,13 +808,24 @@ def newton_schulz_method(
       backend, even on a CPU where it would be exact, so that the choice,
       and the result, do not depend on the backend): no restarts; or
     * the compute ``dtype`` is float16 and ``steps <= 5``: a restart every
-      2 steps (measured within the standard iteration's bands on real GPT
-      gradients and conditioned random matrices; Polar Express 8 steps fell
-      to 0.84 on real gradients, outside its 0.02 band around 1).
+      2 steps (longer schedules run the standard iteration: Polar Express 8
+      steps left its band in Gram space there; docs/lab_log.md).
 
-    In bfloat16 the restarts it needs (all but the last two steps) leave
-    less than 25% to save, so ``'auto'`` runs the standard iteration there.
-    The choice depends on the dtype and precision only, never on the backend.
+    In bfloat16 the restarts ``gram_restarts`` gives (all but the last two
+    steps) leave less than 25% to save, so ``'auto'`` returns ``'standard'``
+    there; with ``coefficients='auto'``, :func:`newton_schulz` passes
+    :func:`power4_schedule`'s method instead (``'gram'`` on aspect >=
+    ``AUTO_GRAM_ASPECT``, with its one restart), returned unchanged. The
+    choice depends on the dtype and precision only, never on the backend.
+
+    Args:
+      m: rows.
+      n: columns.
+      steps: iterations.
+      dtype: the compute dtype.
+      method: ``'auto'``, ``'standard'`` or ``'gram'`` (the last two returned
+        unchanged).
+      precision: the matmuls' precision (``resolve_precision``).
     """
     if method in ("standard", "gram"):
         return method
@@ -947,9 +977,11 @@ def newton_schulz(
         of ``D G``, not of ``G``: close to orthogonal, on slightly different
         singular vectors.
       restarts: Gram-space method only: step indices at which ``X`` is
-        re-formed and its Gram matrix recomputed (``None``: the measured
-        schedule of ``gram_restarts``: none at float32 / ``HIGHEST``,
-        every 2 steps in float16, all but the last two steps in bfloat16).
+        re-formed and its Gram matrix recomputed (``None``: with
+        ``coefficients='auto'`` the schedule's own, :func:`auto_schedule`,
+        i.e. ``(1,)`` for bfloat16 on aspect >= ``AUTO_GRAM_ASPECT``;
+        otherwise ``gram_restarts``: none at float32 / ``HIGHEST``, every 2
+        steps in float16, all but the last two steps in bfloat16).
 
     Returns:
       Array of ``x``'s shape and dtype.

@@ -1,0 +1,39 @@
+"""The guide's auto_schedule table states what the code chooses (tools/render_defaults.py renders it)."""
+
+import importlib.util
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+
+from spectral_optax._duals.polar import auto_schedule
+
+_SPEC = importlib.util.spec_from_file_location(
+    "render_defaults", Path(__file__).resolve().parents[1] / "tools" / "render_defaults.py"
+)
+render_defaults = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(render_defaults)
+
+_FIX = "run `python tools/render_defaults.py` to regenerate it"
+
+
+def _docs_table() -> str:
+    text = render_defaults.current()
+    assert text is not None, f"docs/guide.md has no '{render_defaults.BEGIN}' ... '{render_defaults.END}' block"
+    return text
+
+
+def test_guide_table_is_what_the_code_renders():
+    assert _docs_table() == render_defaults.render(), (
+        f"docs/guide.md's auto_schedule table differs from the code: {_FIX}"
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_guide_table_states_auto_schedule_at_aspects_1_and_4(dtype):
+    # Read the row back from the guide and compare it with the function itself, not with the renderer.
+    rows = {line.split("|")[1].strip(): line for line in _docs_table().splitlines()[2:]}
+    assert dtype in rows, f"docs/guide.md's auto_schedule table has no {dtype} row: {_FIX}"
+    cells = [c.strip() for c in rows[dtype].strip().strip("|").split("|")[1:]]
+    want = [f"`{auto_schedule(m, m * aspect, getattr(jnp, dtype))!r}`" for m, aspect in ((768, 1), (768, 4))]
+    assert cells == want, f"docs/guide.md states {cells} for {dtype}, auto_schedule chooses {want}: {_FIX}"
