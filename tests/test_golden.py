@@ -23,7 +23,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -66,7 +66,6 @@ def _model_tree(scan: bool, qkv: str):
 
 def _names_tree(dtype):
     import jax
-    import jax.numpy as jnp
 
     import spectral_optax as so
 
