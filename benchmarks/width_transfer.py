@@ -114,7 +114,11 @@ def widest_regret(results, summaries) -> dict:
         lr = s["best_lr_grid"][ws[0]]
         if len(ws) < 2 or not lr == lr:  # one width, or every run at the narrowest diverged
             continue
-        r = lab.regret(res.runs, lr, size=ws[-1])
+        # The widest width's own sweep is the grid; the transferred LR may be one of its points.
+        grid = sorted({float(r["lr"]) for r in res.runs if int(r["size"]) == int(ws[-1])})
+        if len(grid) < 2:
+            continue
+        r = lab.regret(res.runs, lr, size=ws[-1], grid=grid)
         out[name] = {
             "narrow": ws[0],
             "wide": ws[-1],
