@@ -1,4 +1,4 @@
-"""The guide's auto_schedule table states what the code chooses (tools/render_defaults.py renders it)."""
+"""The guide's auto_schedule table states what the code chooses (``python tools/docs_tables.py`` renders it)."""
 
 import importlib.util
 from pathlib import Path
@@ -8,25 +8,29 @@ import pytest
 
 from spectral_optax._duals.polar import auto_schedule
 
-_SPEC = importlib.util.spec_from_file_location(
-    "render_defaults", Path(__file__).resolve().parents[1] / "tools" / "render_defaults.py"
-)
-render_defaults = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(render_defaults)
+_SPEC = importlib.util.spec_from_file_location("docs_tables", Path(__file__).resolve().parents[1] / "tools" / "docs_tables.py")
+docs_tables = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(docs_tables)
 
-_FIX = "run `python tools/render_defaults.py` to regenerate it"
+_NAME = "auto_schedule_choices"
+_FIX = f"run `python tools/docs_tables.py {_NAME}` to regenerate it"
 
 
 def _docs_table() -> str:
-    text = render_defaults.current()
-    assert text is not None, f"docs/guide.md has no '{render_defaults.BEGIN}' ... '{render_defaults.END}' block"
+    text = docs_tables.current(_NAME)
+    table = docs_tables.TABLES[_NAME]
+    assert text is not None, f"docs/guide.md has no '{table.begin}' ... '{table.end}' block"
     return text
 
 
 def test_guide_table_is_what_the_code_renders():
-    assert _docs_table() == render_defaults.render(), (
+    assert _docs_table() == docs_tables.TABLES[_NAME].render(), (
         f"docs/guide.md's auto_schedule table differs from the code: {_FIX}"
     )
+
+
+def test_check_mode_passes_on_the_docs():
+    assert docs_tables.check() == 0, "a generated table in the docs differs from the code: run `python tools/docs_tables.py`"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

@@ -12,9 +12,9 @@ _SPEC.loader.exec_module(docs_tables)
 
 @pytest.mark.parametrize("name", sorted(docs_tables.TABLES))
 def test_generated_table_matches_the_code(name):
-    path, render = docs_tables.TABLES[name]
-    assert docs_tables.current(name) == render(), (
-        f"{path.name}'s '{name}' table differs from the code: run `python tools/docs_tables.py`"
+    table = docs_tables.TABLES[name]
+    assert docs_tables.current(name) == table.render(), (
+        f"{table.path.name}'s '{name}' table differs from the code: run `python tools/docs_tables.py {name}`"
     )
 
 

@@ -1,19 +1,39 @@
-"""Tables in the docs that state a default, rendered from the code.
+"""Tables in the docs that state a default, rendered from the code: one tool for all of them.
 
-Each table sits in a document between ``<!-- BEGIN generated: NAME -->`` and
-``<!-- END generated: NAME -->``; ``python tools/docs_tables.py`` rewrites
-every one of them from the code, and ``tests/test_docs_tables.py`` fails when
-a document's copy differs from what the code renders (so a changed default
-cannot leave the prose behind).
+Each table sits in a document between two marker lines (``<!-- BEGIN generated: NAME -->`` and
+``<!-- END generated: NAME -->``, or the markers named in ``TABLES``). The tables:
+
+* ``auto_schedule`` (docs/guide.md, "Coefficients"): what ``ns_coefficients='auto'`` runs per compute
+  dtype and matrix shape (coefficients, steps, start, iteration, Gram-space restarts);
+* ``auto_schedule_choices`` (docs/guide.md, "Coefficients"): what ``auto_schedule(m, n, compute_dtype)``
+  returns for float32, bfloat16 and float16 at aspects 1 and 4 (formerly ``tools/render_defaults.py``).
+
+Usage::
+
+    python tools/docs_tables.py                 # rewrite every table in place
+    python tools/docs_tables.py NAME [NAME ...]  # rewrite only these tables
+    python tools/docs_tables.py --check [NAME]   # exit 1 (and name the table) where a copy differs
+
+``tests/test_docs_tables.py`` and ``tests/test_docs_defaults.py`` fail when a document's copy differs
+from what the code renders (so a changed default cannot leave the prose behind).
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "guide.md"
+
+#: ``(m, n)`` of each column of ``auto_schedule_choices``: aspect ``n / m`` 1 and 4 (GPT-2 small's
+#: ``768^2`` and ``768 x 3072``).
+SHAPES = ((768, 768), (768, 3072))
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def auto_schedule_table() -> str:
@@ -51,29 +71,98 @@ def auto_schedule_table() -> str:
     return "\n".join(rows)
 
 
-TABLES = {"auto_schedule": (ROOT / "docs" / "guide.md", auto_schedule_table)}
+def cell(choice: tuple) -> str:
+    """One table cell: ``auto_schedule``'s ``(coefficients, method, restarts)`` as Python writes it."""
+    return f"`{choice!r}`"
 
 
-def block(name: str, text: str) -> re.Pattern:
-    return re.compile(rf"(<!-- BEGIN generated: {name} -->\n)(.*?)(\n<!-- END generated: {name} -->)", re.S)
+def auto_schedule_choices_table() -> str:
+    """``auto_schedule(m, n, dtype)`` as it returns it, per compute dtype at aspects 1 and 4."""
+    import jax.numpy as jnp
+
+    from spectral_optax._duals.polar import auto_schedule
+
+    rows = [
+        "| compute dtype | " + " | ".join(f"`{m} x {n}` (aspect {n // m})" for m, n in SHAPES) + " |",
+        "|---" * (1 + len(SHAPES)) + "|",
+    ]
+    for name in DTYPES:
+        dtype = getattr(jnp, name)
+        rows.append(f"| {name} | " + " | ".join(cell(auto_schedule(m, n, dtype)) for m, n in SHAPES) + " |")
+    return "\n".join(rows)
+
+
+class Table(NamedTuple):
+    path: Path
+    render: Callable[[], str]
+    begin: str
+    end: str
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- BEGIN generated: {name} -->", f"<!-- END generated: {name} -->"
+
+
+TABLES = {
+    "auto_schedule": Table(GUIDE, auto_schedule_table, *_markers("auto_schedule")),
+    "auto_schedule_choices": Table(
+        GUIDE,
+        auto_schedule_choices_table,
+        "<!-- auto_schedule table: generated -->",
+        "<!-- end auto_schedule table -->",
+    ),
+}
+
+
+def block(name: str) -> re.Pattern:
+    """The table ``name`` between its markers: groups (begin line, table, end line)."""
+    table = TABLES[name]
+    return re.compile(rf"({re.escape(table.begin)}\n)(.*?)(\n{re.escape(table.end)})", re.S)
 
 
 def current(name: str) -> str | None:
-    path, _ = TABLES[name]
-    match = block(name, "").search(path.read_text())
+    """The document's copy of table ``name`` (``None`` without the markers)."""
+    match = block(name).search(TABLES[name].path.read_text())
     return match.group(2) if match else None
 
 
-def write() -> None:
-    for name, (path, render) in TABLES.items():
-        text = path.read_text()
-        pattern = block(name, text)
+def write(names=None) -> None:
+    """Rewrite the tables ``names`` (all by default) in place from the code."""
+    for name in names or TABLES:
+        table = TABLES[name]
+        text = table.path.read_text()
+        pattern = block(name)
         if not pattern.search(text):
-            sys.exit(f"{path}: no '<!-- BEGIN generated: {name} -->' block")
-        path.write_text(pattern.sub(lambda m: m.group(1) + render() + m.group(3), text))
-        print(f"wrote {name} into {path.relative_to(ROOT)}")
+            sys.exit(f"{table.path}: no '{table.begin}' ... '{table.end}' block")
+        table.path.write_text(pattern.sub(lambda m: m.group(1) + table.render() + m.group(3), text, count=1))
+        print(f"wrote {name} into {table.path.relative_to(ROOT)}")
+
+
+def check(names=None) -> int:
+    """0 when every table ``names`` (all by default) is what the code renders; 1 otherwise."""
+    stale = [name for name in names or TABLES if current(name) != TABLES[name].render()]
+    for name in stale:
+        print(f"{TABLES[name].path.relative_to(ROOT)}: table '{name}' differs from the code "
+              f"(run `python tools/docs_tables.py {name}`)")
+    return 1 if stale else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Render the docs' tables of defaults from the code.")
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"tables to render (default: all): {', '.join(TABLES)}"
+    )
+    parser.add_argument("--check", action="store_true", help="compare only; exit 1 where a copy differs")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(TABLES))
+    if unknown:
+        parser.error(f"unknown table(s) {', '.join(unknown)}; choose from {', '.join(TABLES)}")
+    if args.check:
+        return check(args.names)
+    write(args.names)
+    return 0
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    write()
+    sys.exit(main())
