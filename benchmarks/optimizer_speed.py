@@ -99,7 +99,7 @@ def gpu_optimizers():
     muon = lambda dtype: so.muon(LR, scale="muon", ns_coefficients="quintic", ns_steps=STEPS, compute_dtype=dtype)
     return {
         "optax.adamw": optax.adamw(LR),
-        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
+        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.expert.MUON_QUINTIC, ns_steps=STEPS),
         "spectral_optax.muon[bf16]": muon(jnp.bfloat16),
         "spectral_optax.muon[f32]": muon(jnp.float32),
         # The defaults of each half-precision dtype ('auto' coefficients: 4 Schatten-started
@@ -114,7 +114,7 @@ def gpu_optimizers():
 def optimizers():
     opts = {
         "optax.adamw": optax.adamw(LR),
-        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
+        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.expert.MUON_QUINTIC, ns_steps=STEPS),
         "spectral_optax.muon": so.muon(LR, scale="muon", ns_coefficients="quintic", ns_steps=STEPS),
         "spectral_optax.muon[standard]": so.muon(
             LR, scale="muon", ns_coefficients="quintic", ns_steps=STEPS, ns_method="standard"
@@ -140,7 +140,7 @@ def orthogonalization_flops(tree):
 def _default_quality_configs():
     muon = lambda coef, steps: so.muon(LR, scale="muon", ns_coefficients=coef, ns_steps=steps)
     return {
-        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
+        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.expert.MUON_QUINTIC, ns_steps=STEPS),
         "spectral_optax.muon": muon("quintic", STEPS),
         "spectral_optax.muon[polar_express, 5 steps]": muon("polar_express", 5),
         "spectral_optax.muon[polar_express, 8 steps]": muon("polar_express", 8),
@@ -152,7 +152,7 @@ def _gpu_quality_configs():
         LR, scale="muon", ns_coefficients=coef, ns_steps=steps, compute_dtype=dtype
     )
     return {
-        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
+        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.expert.MUON_QUINTIC, ns_steps=STEPS),
         "spectral_optax.muon[quintic, bf16]": muon("quintic", STEPS, jnp.bfloat16),
         "spectral_optax.muon[quintic, f32]": muon("quintic", STEPS, jnp.float32),
         "spectral_optax.muon[polar_express 8, bf16]": muon("polar_express", 8, jnp.bfloat16),
@@ -454,7 +454,7 @@ def main_gpu(args):
         "quick": bool(args.quick),
         "environment": env,
         "ns_steps": STEPS,
-        "ns_coefficients": list(so.MUON_QUINTIC),
+        "ns_coefficients": list(so.expert.MUON_QUINTIC),
         "targets_reference": GPU_TARGETS,
         "trees": {},
     }
@@ -524,7 +524,7 @@ def gpt_gradients(d=768, blocks=2, batch=8, seq=64, steps=4, seed=0):
     flat = jax.tree_util.tree_flatten_with_path(grads)[0]
     geoms = jax.tree.leaves(so.as_geometry_map(None).tree(grads), is_leaf=lambda g: isinstance(g, so.Geometry))
     return {
-        jax.tree_util.keystr(k): np.asarray(so.to_matrix(v, g))[0]
+        jax.tree_util.keystr(k): np.asarray(so.expert.to_matrix(v, g))[0]
         for (k, v), g in zip(flat, geoms)
         if g.kind == "matrix" and g.num_slices == 1
     }
@@ -658,7 +658,7 @@ def time_methods(args, quick):
         fn = jax.jit(lambda g, tx=tx: tx.update(g, tx.init(g))[0])
         extra[f"ortho[{name}]"] = lambda fn=fn: fn(grads)
     opts = {
-        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.MUON_QUINTIC, ns_steps=STEPS),
+        "optax.contrib.muon": optax.contrib.muon(LR, ns_coeffs=so.expert.MUON_QUINTIC, ns_steps=STEPS),
         "spectral_optax.muon": so.muon(LR, scale="muon"),
         "spectral_optax.muon[polar_express_schatten 4]": so.muon(
             LR, scale="muon", ns_coefficients="polar_express_schatten"),
@@ -782,7 +782,7 @@ def main(argv=None):
         "command": "python -m benchmarks.optimizer_speed" + (" --quick" if args.quick else ""),
         "environment": environment(),
         "ns_steps": STEPS,
-        "ns_coefficients": list(so.MUON_QUINTIC),
+        "ns_coefficients": list(so.expert.MUON_QUINTIC),
         "trees": {},
     }
     payload["quality"] = quality_table(128 if args.quick else 256)

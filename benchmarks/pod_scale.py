@@ -207,7 +207,7 @@ def measure(tree: str, n: int, mesh_kind: str = "explicit", tp: int = 1, scan: b
     )
     fwd_bwd = 6 * num_params * tokens / n
     if plan:
-        print(so.orthogonalization_plan(sharded, geometry=geometry, kinds=("matrix",), ns_coefficients="auto",
+        print(so.expert.orthogonalization_plan(sharded, geometry=geometry, kinds=("matrix",), ns_coefficients="auto",
                                         compute_dtype=ns_dtype))  # muon's default routes  # fmt: skip
     rows = []
     for name, make in OPTIMIZERS.items():
@@ -250,7 +250,7 @@ def main(argv=None):
     ap.add_argument("--mesh", choices=("explicit", "auto"), default="explicit")
     ap.add_argument("--optimizers", default=None, help=f"comma-separated subset of {list(OPTIMIZERS)}")
     ap.add_argument("--tokens", type=int, default=2**20, help="tokens per step for the step share (default 1M)")
-    ap.add_argument("--plan", action="store_true", help="print so.orthogonalization_plan first")
+    ap.add_argument("--plan", action="store_true", help="print so.expert.orthogonalization_plan first")
     ap.add_argument("--ns-dtype", default=None, choices=("float32", "bfloat16"),
                     help="muon's iteration dtype (default: the backend's, float32 on CPU; GPU / TPU: bfloat16)")
     ap.add_argument("--json", default=None, help="write the rows here")

@@ -84,7 +84,7 @@ def settings(preset: str, accelerator: bool, muon_max_width: int | None = None) 
 def optimizer_specs(family_for, base_width=BASE_WIDTH, ns_dtype=None, embedding_lr_scale=MUP_EMBEDDING_LR_SCALE):
     """name -> (init parametrization, LR grid center, factory(lr, width))."""
     base = family_for("spectral")(base_width).shapes()
-    if not any(so.route_of(g) == "embedding" for _, g in so.as_geometry_map().leaves(base)):
+    if not any(so.expert.route_of(g) == "embedding" for _, g in so.as_geometry_map().leaves(base)):
         embedding_lr_scale = 1.0  # dense inputs (digits, CIFAR): no embedding table to scale
 
     def mup_adamw(lr, n):

@@ -324,7 +324,7 @@ def depth_residual_scale(
     mask: MaskLike = BRANCH_OUT_PATTERN,
     geometry: GeometryLike = None,
     optimizer_kind: str = "scale_invariant",
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """Absorbed inverse-depth residual scaling as a gradient transformation.
 
     Multiplies the updates of each residual branch's last layer (selected by
@@ -387,7 +387,7 @@ def depth_lr_scale(
     mask: MaskLike = BLOCK_PATTERN,
     geometry: GeometryLike = None,
     optimizer_kind: str = "scale_invariant",
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """The companion learning rate of a residual-scale exponent, as a gradient transformation.
 
     Multiplies the updates of every block parameter (selected by ``mask``) by

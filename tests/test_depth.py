@@ -31,7 +31,7 @@ WD = 0.05
 
 
 # Decay matrices only (stacked biases are 2-D, so decide by geometry, not ndim).
-_kernels_only = so.label_by_geometry(lambda path, g: g.kind != "vector")
+_kernels_only = so.expert.label_by_geometry(lambda path, g: g.kind != "vector")
 
 
 @functools.cache
@@ -354,7 +354,7 @@ def test_inject_hyperparams_and_schedule():
     plain = so.spectral_sgd(0.1, momentum=0.5)  # unit check against a constant-LR run, rescaled
     s, sp = tx.init(params), plain.init(params)
     step = jax.jit(tx.update)
-    branch = re.compile(so.BRANCH_OUT_PATTERN)
+    branch = re.compile(so.expert.BRANCH_OUT_PATTERN)
     for t in range(3):
         g = jax.tree.map(lambda x, t=t: x * (1.0 + t) + jnp.arange(x.size).reshape(x.shape) % 3, params)
         u, s = step(g, s, params)

@@ -51,7 +51,7 @@ def test_residual_alpha_is_the_power(k, base, a):
     ],
 )
 def test_depth_lr_multiplier_exact(k, a, kind, expected):
-    assert so.depth_lr_multiplier(k, 2, exponent=a, optimizer_kind=kind) == pytest.approx(expected, rel=1e-12)
+    assert so.expert.depth_lr_multiplier(k, 2, exponent=a, optimizer_kind=kind) == pytest.approx(expected, rel=1e-12)
 
 
 def test_bad_exponent_and_kind_are_named():
@@ -63,7 +63,7 @@ def test_bad_exponent_and_kind_are_named():
     with pytest.raises(ValueError, match="exponent"):
         so.depth_lr_scale(8, exponent=float("nan"))
     with pytest.raises(ValueError, match="optimizer_kind"):
-        so.depth_lr_multiplier(8, exponent=0.5, optimizer_kind="adam")
+        so.expert.depth_lr_multiplier(8, exponent=0.5, optimizer_kind="adam")
     with pytest.raises(ValueError, match="exponent"):
         L.ResidualMLP(8, 4, 3, exponent=-2.0).branch_alpha
 

@@ -210,7 +210,7 @@ def test_nnx_state_and_module():
     assert axes(g["lin/kernel"]) == ("matrix", (0,), (1,), ())
     assert g["norm/scale"].kind == "vector"
     # The geometry tree has the State's structure.
-    tree = so.infer_geometry(state, model)
+    tree = so.expert.infer_geometry(state, model)
     assert jax.tree.structure(tree, is_leaf=lambda x: isinstance(x, Geometry)) == jax.tree.structure(state)
     flat = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Geometry))
     assert all(isinstance(x, Geometry) for x in flat)
@@ -247,8 +247,8 @@ def test_unknown_leaf_falls_back_to_elementwise_once_with_a_warning():
     assert (w.kind, w.num_slices, w.d_in, w.d_out) == ("elementwise", 60, 1, 1)
     assert g["Dense_0/kernel"].kind == "matrix"
     x = jnp.arange(60.0).reshape(3, 4, 5)
-    assert so.to_matrix(x, w).shape == (60, 1, 1)
-    np.testing.assert_array_equal(so.from_matrix(so.to_matrix(x, w), w), x)
+    assert so.expert.to_matrix(x, w).shape == (60, 1, 1)
+    np.testing.assert_array_equal(so.expert.from_matrix(so.expert.to_matrix(x, w), w), x)
     with warnings.catch_warnings():  # decided once per map: no second warning
         warnings.simplefilter("error")
         assert dict(gmap.leaves(tree))["block/w"] == w
@@ -297,7 +297,7 @@ def test_invalid_geometry_rejected():
 )
 def test_to_matrix_matches_numpy_and_roundtrips(geometry):
     x = np.arange(np.prod(geometry.shape), dtype=np.float64).reshape(geometry.shape)
-    m = np.asarray(so.to_matrix(jnp.asarray(x, jnp.float32), geometry))
+    m = np.asarray(so.expert.to_matrix(jnp.asarray(x, jnp.float32), geometry))
     assert m.shape == (geometry.num_slices, geometry.d_in, geometry.d_out)
     # Independent reference: move axes with NumPy, flatten, split blocks.
     g = geometry
@@ -308,15 +308,15 @@ def test_to_matrix_matches_numpy_and_roundtrips(geometry):
         [ref[:, None, :, k * g.d_out:(k + 1) * g.d_out] for k in range(g.fan_out_splits)], axis=1
     ).reshape(-1, g.d_in, g.d_out)
     np.testing.assert_array_equal(m, ref)
-    np.testing.assert_array_equal(np.asarray(so.from_matrix(jnp.asarray(m), geometry)), x)
+    np.testing.assert_array_equal(np.asarray(so.expert.from_matrix(jnp.asarray(m), geometry)), x)
 
 
 def test_map_with_geometry_keeps_nnx_structure_and_none():
     model = NNXNet(nnx.Rngs(1))
     state = nnx.state(model, nnx.Param)
-    out = so.map_with_geometry(lambda g, x: jnp.full(x.shape, g.d_in, x.dtype), model, state)
+    out = so.expert.map_with_geometry(lambda g, x: jnp.full(x.shape, g.d_in, x.dtype), model, state)
     assert jax.tree.structure(out) == jax.tree.structure(state)
     assert float(out["conv"]["kernel"][...].max()) == 48.0
     tree = {"a": jnp.ones((2, 3)), "b": None}
-    out = so.map_with_geometry(lambda g, x: x * 2, None, tree)
+    out = so.expert.map_with_geometry(lambda g, x: x * 2, None, tree)
     assert out["b"] is None and float(out["a"][0, 0]) == 2.0

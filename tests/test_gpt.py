@@ -148,7 +148,7 @@ def test_geometry_inferred_for_every_parameter_without_override(qkv, scan):
         assert (g.d_in, g.d_out, g.fan_out_splits, g.num_slices) == (D, D, 3, 3 * (K if scan else 1))
         # Each slice is one of W_q, W_k, W_v: to_matrix against NumPy column blocks.
         w = np.asarray(p[blk]["attn"]["qkv"]["kernel"])
-        mats = np.asarray(so.to_matrix(jnp.asarray(w), g))
+        mats = np.asarray(so.expert.to_matrix(jnp.asarray(w), g))
         want = np.stack([blk_ for layer in (w if scan else w[None]) for blk_ in np.split(layer, 3, -1)])
         np.testing.assert_array_equal(mats, want)
     else:

@@ -1,7 +1,7 @@
 """Tests for spectral_optax.initializers against independent float64 NumPy references.
 
 The reference matrix view is rebuilt here with NumPy (moveaxis + reshape), not with
-spectral_optax.to_matrix, and singular values come from a float64 SVD.
+spectral_optax.expert.to_matrix, and singular values come from a float64 SVD.
 """
 
 import math

@@ -189,7 +189,7 @@ def test_moga_col_variant(p, q):
 def test_moga_rules_override_per_path():
     params = make_params()
     gs = grads_seq(params, 1)
-    labels = so.moga_labels(rules={r"head/kernel$": "row", r"Embed_0": "adam"}, geometry=QKV_GEO)(params)
+    labels = so.expert.moga_labels(rules={r"head/kernel$": "row", r"Embed_0": "adam"}, geometry=QKV_GEO)(params)
     assert labels["params"]["head"]["kernel"] == "row"
     assert labels["params"]["Embed_0"]["embedding"] == "adam"
     assert labels["params"]["Dense_0"]["bias"] == "sign"

@@ -29,15 +29,15 @@ def f32(tree):
 def test_moga_labels_read_geometry_and_rules():
     params = {"blocks": {"w": np.zeros((3, 4, 5))}, "Dense_0": {"kernel": np.zeros((4, 5))},
               "head": {"kernel": np.zeros((5, 2))}, "Embed_0": {"embedding": np.zeros((7, 4))}}
-    labels = so.moga_labels(variant="col", geometry=STACKED)(params)
+    labels = so.expert.moga_labels(variant="col", geometry=STACKED)(params)
     assert labels == {"blocks": {"w": "col"}, "Dense_0": {"kernel": "col"}, "head": {"kernel": "head"},
                       "Embed_0": {"embedding": "sign"}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", so.GeometryWarning)  # no override: the 3-D leaf is element-wise
-        default = so.moga_labels()(params)
+        default = so.expert.moga_labels()(params)
     assert default["blocks"]["w"] == "sign" and default["Dense_0"]["kernel"] == "row"
     custom = optax.identity()
-    labels = so.moga_labels(rules={r"Dense_0/": "adam", r"^head/": custom}, geometry=STACKED)(params)
+    labels = so.expert.moga_labels(rules={r"Dense_0/": "adam", r"^head/": custom}, geometry=STACKED)(params)
     assert labels["Dense_0"]["kernel"] == "adam" and labels["head"]["kernel"] == "custom:^head/"
     assert labels["blocks"]["w"] == "row"
 
@@ -130,7 +130,7 @@ def test_mu_dtype_reaches_every_route(name):
             "rescaled_adamw": lambda: so.rescaled_adamw(0.1, mu_dtype=jnp.bfloat16)}[name]
     params = f32({"Dense_0": {"kernel": np.ones((4, 6)), "bias": np.ones(6)}})
     state = make().init(params)
-    kinds = (so.EmaMomentumState, optax.ScaleByAdamState)
+    kinds = (so.expert.EmaMomentumState, optax.ScaleByAdamState)
     nodes = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, kinds)) if isinstance(s, kinds)]
     mus = [x for s in nodes for x in jax.tree.leaves(s.mu) if x.shape in ((4, 6), (6,))]
     nus = [x for s in nodes if isinstance(s, optax.ScaleByAdamState) for x in jax.tree.leaves(s.nu)

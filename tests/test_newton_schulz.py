@@ -114,7 +114,7 @@ def test_schedule_validation():
     with pytest.raises(ValueError, match="shape"):
         newton_schulz(x, [(1.0, 2.0)])
     with pytest.raises(ValueError, match="fewer than"):
-        newton_schulz(x, so.polar_express_coefficients(8), steps=5)
+        newton_schulz(x, so.expert.polar_express_coefficients(8), steps=5)
     with pytest.raises(ValueError, match=r"\(\.\.\., m, n\)"):
         newton_schulz(jnp.ones(5))
     with pytest.raises(ValueError, match="method"):
@@ -354,10 +354,10 @@ def test_user_table_and_user_function():
     rng = np.random.default_rng(5)
     g = jnp.asarray(rng.normal(size=(10, 20)), jnp.float32)
     np.testing.assert_allclose(
-        np.asarray(newton_schulz(g, [so.MUON_QUINTIC] * 5)), np.asarray(newton_schulz(g, "quintic")), atol=1e-6
+        np.asarray(newton_schulz(g, [so.expert.MUON_QUINTIC] * 5)), np.asarray(newton_schulz(g, "quintic")), atol=1e-6
     )
     np.testing.assert_allclose(
-        np.asarray(newton_schulz(g, so.MUON_QUINTIC, steps=5)), np.asarray(newton_schulz(g)), atol=1e-6
+        np.asarray(newton_schulz(g, so.expert.MUON_QUINTIC, steps=5)), np.asarray(newton_schulz(g)), atol=1e-6
     )
     # A short table is extended with its last row.
     table = [(2.0, -1.5, 0.5), (1.875, -1.25, 0.375)]
@@ -477,7 +477,7 @@ def test_default_preconditioning_and_auto_coefficients():
     assert ns_mod.power4_schedule(16, 31) == ("power4", "standard", ())
     assert ns_mod.default_preconditioning("polar_express_schatten") == "schatten"
     assert ns_mod.default_preconditioning("power4") == ns_mod.default_preconditioning("power3") == "power"
-    assert ns_mod.default_preconditioning("quintic") == ns_mod.default_preconditioning(so.MUON_QUINTIC) == "frobenius"
+    assert ns_mod.default_preconditioning("quintic") == ns_mod.default_preconditioning(so.expert.MUON_QUINTIC) == "frobenius"
     rng = np.random.default_rng(9)
     cases = [(jnp.float32, (2, 16, 40), "quintic", {}), (jnp.bfloat16, (2, 16, 40), "power4", {"method": "gram",
              "restarts": (1,)}), (jnp.bfloat16, (2, 24, 40), "power4", {"method": "standard"}),

@@ -23,7 +23,7 @@ def mlp_params(width, d_in=3072, d_out=1, bias=True):
 def test_reference_worked_example():
     # docs/math.md section 2: input 3072, hidden 4096, one output, eta0 = 0.1.
     p = mlp_params(4096, bias=False)
-    lrs = {path: 0.1 * so.lr_multiplier(g, "sgd") for path, g in so.as_geometry_map().leaves(p)}
+    lrs = {path: 0.1 * so.expert.lr_multiplier(g, "sgd") for path, g in so.as_geometry_map().leaves(p)}
     np.testing.assert_allclose(
         [lrs["Dense_0/kernel"], lrs["Dense_1/kernel"], lrs["head/kernel"]], [0.1333, 0.1, 2.44e-5], rtol=2e-3
     )
@@ -32,15 +32,15 @@ def test_reference_worked_example():
 def test_adam_and_sgd_tables():
     g = dict(so.as_geometry_map().leaves(mlp_params(256, d_in=10, d_out=5) | {"Embed_0": {"embedding": jnp.zeros((7, 256))}}))
     # Adam (muP Table 3): hidden and output 1/n, input, biases, embeddings 1.
-    assert so.lr_multiplier(g["Dense_1/kernel"], "adam") == pytest.approx(1 / 256)
-    assert so.lr_multiplier(g["head/kernel"], "adam") == pytest.approx(1 / 256)
-    assert so.lr_multiplier(g["Dense_0/kernel"], "adam") == pytest.approx(1 / 10)
-    assert so.lr_multiplier(g["Dense_0/bias"], "adam") == 1.0
-    assert so.lr_multiplier(g["Embed_0/embedding"], "adam") == 1.0
+    assert so.expert.lr_multiplier(g["Dense_1/kernel"], "adam") == pytest.approx(1 / 256)
+    assert so.expert.lr_multiplier(g["head/kernel"], "adam") == pytest.approx(1 / 256)
+    assert so.expert.lr_multiplier(g["Dense_0/kernel"], "adam") == pytest.approx(1 / 10)
+    assert so.expert.lr_multiplier(g["Dense_0/bias"], "adam") == 1.0
+    assert so.expert.lr_multiplier(g["Embed_0/embedding"], "adam") == 1.0
     # SGD: d_out / n_in; embeddings and biases d_out.
-    assert so.lr_multiplier(g["Embed_0/embedding"], "sgd") == 256
-    assert so.lr_multiplier(g["Dense_0/bias"], "sgd") == 256
-    assert so.lr_multiplier(g["head/kernel"], "sgd") == pytest.approx(5 / 256)
+    assert so.expert.lr_multiplier(g["Embed_0/embedding"], "sgd") == 256
+    assert so.expert.lr_multiplier(g["Dense_0/bias"], "sgd") == 256
+    assert so.expert.lr_multiplier(g["head/kernel"], "sgd") == pytest.approx(5 / 256)
 
 
 def run(tx, params, grads_seq):
@@ -194,7 +194,7 @@ def test_route_lr_scale_against_float64_adam(factors):
         np.testing.assert_allclose(np.asarray(x, np.float64) - start[k], want[k] - start[k], rtol=2e-4, atol=1e-7,
                                    err_msg=k)
     # Routes as the geometry decides them (the reference's table is written by hand).
-    assert {p: so.route_of(g) for p, g in so.as_geometry_map().leaves(params)} == ROUTE_OF_PATH
+    assert {p: so.expert.route_of(g) for p, g in so.as_geometry_map().leaves(params)} == ROUTE_OF_PATH
 
 
 def test_route_lr_scale_multisteps_inject_and_dtype():

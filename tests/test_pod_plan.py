@@ -58,7 +58,7 @@ spec = lambda x: P("data", None) if x.shape[0] % 16 == 0 else P(None, "data")
 sharded = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), grads)
 # The standard iteration (what GPU / TPU run in bfloat16): the Gram-space variant is picked only in float32.
 tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0)
-plan = so.orthogonalization_plan(sharded, ns_method="standard")
+plan = so.expert.orthogonalization_plan(sharded, ns_method="standard")
 print(plan)
 assert plan.devices == 16 and {(g.m, g.n): g.split for g in plan.groups}[(128, 16384)] == 16, plan
 flops, comm = compiled_costs(jax.jit(tx.update), sharded, tx.init(sharded))
@@ -81,7 +81,7 @@ for name in grads:
 # b (A X) + c A (A X) (predicted 2.01 GFLOP per device instead of 2.68 with A^2 on every device).
 narrow = {"head": {"kernel": jax.random.normal(jax.random.key(3), (512, 4096))}}
 on_mesh = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P(None, "data"))), narrow)
-plan = so.orthogonalization_plan(on_mesh, ns_method="standard")
+plan = so.expert.orthogonalization_plan(on_mesh, ns_method="standard")
 assert plan.groups[0].split == 16 and plan.groups[0].owners == 1, plan
 flops, comm = compiled_costs(jax.jit(tx.update), on_mesh, tx.init(on_mesh))
 standard = 5 * (4 * 512**2 * 256 + 2 * 512**3)
@@ -130,7 +130,7 @@ mesh = jax.make_mesh((16,), ("data",))
 spec = lambda x: P("data", None) if x.shape[0] % 16 == 0 else P(None, "data")
 sharded = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), grads)
 tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0)
-plan = so.orthogonalization_plan(sharded, ns_method="standard")
+plan = so.expert.orthogonalization_plan(sharded, ns_method="standard")
 print(plan)
 wide, whole = {(g.m, g.n): g for g in plan.groups}[(64, 8192)], {(g.m, g.n): g for g in plan.groups}[(64, 2048)]
 assert (wide.split, wide.owners, wide.packed_with, whole.packed_with) == (4, 4, (64, 2048), (64, 8192)), plan
@@ -164,7 +164,7 @@ keys = iter(jax.random.split(jax.random.key(5), 8))
 grads = {k: {"kernel": jax.random.normal(next(keys), s)} for k, s in shapes.items()}
 spec = lambda x: P("data", None) if x.shape[0] % 16 == 0 else P(None, "data") if x.shape[1] % 16 == 0 else P()
 sharded = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), grads)
-by = {(g.m, g.n): g for g in so.orthogonalization_plan(sharded, ns_method="standard").groups}
+by = {(g.m, g.n): g for g in so.expert.orthogonalization_plan(sharded, ns_method="standard").groups}
 assert (by[(64, 8200)].split, by[(64, 8200)].packed_with) == (4, (64, 2050)), by
 with jax.set_mesh(mesh):
     got, _ = jax.jit(tx.update)(sharded, tx.init(sharded))
@@ -182,7 +182,7 @@ geometry = {r"scan/kernel$": dict(kind="matrix", fan_in_axes=(-2,), fan_out_axes
 specs = {"sq0": P("data", None), "sq1": P("data", None), "scan": P(None, "data", None)}
 sharded = {k: {"kernel": jax.device_put(v["kernel"], NamedSharding(mesh, specs[k]))} for k, v in grads.items()}
 tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0, geometry=geometry)
-group = so.orthogonalization_plan(sharded, ns_method="standard", geometry=geometry).groups[0]
+group = so.expert.orthogonalization_plan(sharded, ns_method="standard", geometry=geometry).groups[0]
 assert (group.split, group.owners) == (4, 4), group
 with jax.set_mesh(mesh):
     got, _ = jax.jit(tx.update)(sharded, None)
@@ -321,7 +321,7 @@ grads = {"tiny": {"kernel": g[0] * 1e-20}, "huge": {"kernel": g[1] * 1e20}, "uni
 tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0)
 mesh = jax.make_mesh((16,), ("data",))
 sharded = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P(None, "data"))), grads)
-plan = so.orthogonalization_plan(sharded, ns_method="standard")
+plan = so.expert.orthogonalization_plan(sharded, ns_method="standard")
 assert [p.count for p in plan.groups] == [3] and plan.groups[0].split > 1, plan
 for where, tree in (("one device", jax.device_put(grads, jax.devices()[0])), ("16 devices", sharded)):
     got, _ = jax.jit(tx.update)(tree, None)
@@ -347,7 +347,7 @@ def test_printed_plan_of_a_pod_sized_tree():
         tree[f"b{i}"].update({n: {"kernel": jax.ShapeDtypeStruct(s, jnp.float32)}
                               for n, s in (("gate", (d, f)), ("up", (d, f)), ("down", (f, d)))})
     tree["lm_head"] = {"kernel": jax.ShapeDtypeStruct((d, v), jnp.float32)}
-    plan = so.orthogonalization_plan(tree, devices=64, geometry={r"lm_head/kernel$": {"kind": "matrix"}})
+    plan = so.expert.orthogonalization_plan(tree, devices=64, geometry={r"lm_head/kernel$": {"kind": "matrix"}})
     by_shape = {(g.m, g.n): g for g in plan.groups}
     assert {k: g.count for k, g in by_shape.items()} == {(d, d): 64, (d, f): 48, (d, v): 1}
     head = by_shape[(d, v)]
@@ -365,7 +365,7 @@ def test_printed_plan_of_a_pod_sized_tree():
     # 256 devices: the 48 wide matrices in 4 blocks of 2048 x 2048 and the 64 squares packed 4 per
     # unit fill the 64 owner groups of 4, one block per device: 6 d^3 per step, and the head split
     # over all 256 (1.845x the one-device float32 total / 256, which runs the wide ones Gram-space)
-    plan = so.orthogonalization_plan(tree, devices=256, geometry={r"lm_head/kernel$": {"kind": "matrix"}})
+    plan = so.expert.orthogonalization_plan(tree, devices=256, geometry={r"lm_head/kernel$": {"kind": "matrix"}})
     by_shape = {(g.m, g.n): g for g in plan.groups}
     wide, square = by_shape[(d, f)], by_shape[(d, d)]
     assert (wide.split, wide.owners, wide.units, wide.per_device) == (4, 64, 64, 1), str(plan)
@@ -395,7 +395,7 @@ head = (u * np.geomspace(1.0, 1e-2, 64)) @ v.T  # conditioned, so the band is te
 grads = {"head": {"kernel": jnp.asarray(head, jnp.float32)}}
 grads.update({f"l{i}": {"kernel": jnp.asarray(rng.normal(size=(64, 256)), jnp.float32)} for i in range(3)})
 tx = so.orthogonalize_via_newton_schulz(scale=1.0, compute_dtype=jnp.bfloat16)
-plan = so.orthogonalization_plan(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+plan = so.expert.orthogonalization_plan(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
     sharding=NamedSharding(mesh, P(None, "data"))), grads), compute_dtype=jnp.bfloat16)
 print(plan)
 assert {(g.m, g.n): g.split for g in plan.groups}[(64, 8192)] > 1, plan
@@ -416,7 +416,7 @@ print("ok")
 
 
 def test_psum_symmetric_sums_symmetric_matrices_sending_their_upper_triangles():
-    """``so.psum_symmetric`` over 4 devices equals the float64 NumPy sum of the devices' symmetric
+    """``so.expert.psum_symmetric`` over 4 devices equals the float64 NumPy sum of the devices' symmetric
     matrices (even and odd sizes, 1 and 7 included), and its all-reduce sends ``s (s + 1) / 2``
     elements per matrix, not ``s^2``. A packing that dropped or doubled an entry fails the values;
     a plain ``psum`` fails the byte count."""
@@ -431,7 +431,7 @@ mesh = jax.make_mesh((4,), ("d",))
 for s in (1, 2, 7, 16, 33):
     r = np.random.default_rng(s).standard_normal((4, 3, s, s))
     local = r + r.swapaxes(-1, -2)  # device i holds local[i]: 3 symmetric s x s matrices
-    f = jax.jit(jax.shard_map(lambda a: so.psum_symmetric(a[0], "d")[None], mesh=mesh,
+    f = jax.jit(jax.shard_map(lambda a: so.expert.psum_symmetric(a[0], "d")[None], mesh=mesh,
                               in_specs=P("d"), out_specs=P("d")))
     x = jax.device_put(jnp.asarray(local, jnp.float32), jax.sharding.NamedSharding(mesh, P("d")))
     got = np.asarray(f(x))
@@ -469,7 +469,7 @@ grads = {"a": {"kernel": jax.random.normal(jax.random.key(0), (128, 3000))},
 spec = lambda x: P("data", None) if x.shape[0] % 16 == 0 else P(None, "data")
 sharded = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), grads)
 tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0)
-plan = so.orthogonalization_plan(sharded, ns_method="standard")
+plan = so.expert.orthogonalization_plan(sharded, ns_method="standard")
 (g,) = plan.groups
 assert (g.split, g.owners, g.per_device) == (8, 2, 1), plan
 assert g.flops == split_block_flops(128, 376, 5) == 5 * (4 * 128**2 * 376 + 2 * 128**3), plan

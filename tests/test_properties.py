@@ -176,13 +176,13 @@ def test_equivariance_under_the_norms_symmetries(case, name, seed):
     rng = np.random.default_rng(seed)
     group = DUALS[name][1]
     make = _signed_perm if group == "signed_perm" else _orthogonal
-    m = f64(so.to_matrix(x, geom))  # (slices, d_in, d_out)
+    m = f64(so.expert.to_matrix(x, geom))  # (slices, d_in, d_out)
     if group == "orthogonal" and pattern != "gaussian":
         return  # orthogonal mixing of 1e30 / 1e-30 entries is not exact in float32; the sign case covers them
     left, right = make(geom.d_in, rng), make(geom.d_out, rng)
     mixed = np.einsum("ij,sjk,kl->sil", left, m, right)
-    y = f64(so.to_matrix(apply(name, geom, x), geom))
-    y_mixed = f64(so.to_matrix(apply(name, geom, so.from_matrix(jnp.asarray(mixed, jnp.float32), geom)), geom))
+    y = f64(so.expert.to_matrix(apply(name, geom, x), geom))
+    y_mixed = f64(so.expert.to_matrix(apply(name, geom, so.expert.from_matrix(jnp.asarray(mixed, jnp.float32), geom)), geom))
     close(y_mixed, np.einsum("ij,sjk,kl->sil", left, y, right), dtype)
 
 
@@ -190,8 +190,8 @@ def test_equivariance_under_the_norms_symmetries(case, name, seed):
 def test_stacked_call_equals_loop_over_slices(case, name):
     x, geom, dtype, _ = case
     assume(geom.num_slices > 1)
-    y = so.to_matrix(apply(name, geom, x), geom)
-    m = so.to_matrix(x, geom)
+    y = so.expert.to_matrix(apply(name, geom, x), geom)
+    m = so.expert.to_matrix(x, geom)
     for s in range(geom.num_slices):
         one = Geometry.matrix(m[s].shape)
         close(apply(name, one, m[s]), y[s], dtype)

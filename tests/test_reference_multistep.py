@@ -422,7 +422,7 @@ def test_row_dual_exponent_paths_against_float64(p):
     out, _ = tx.update(g, tx.init(g))
     np.testing.assert_allclose(out["Dense_0"]["kernel"], row_dual(m, p), rtol=2e-5, atol=1e-7)
     with pytest.raises(ValueError):
-        so.lp_dual_direction(jnp.ones((3, 4)), 2.0, axis=1)  # needs the (slices, d_in, d_out) view
+        so.expert.lp_dual_direction(jnp.ones((3, 4)), 2.0, axis=1)  # needs the (slices, d_in, d_out) view
 
 
 def test_rescaled_adamw_injected_exponents_geometry_decay_and_q_range():

@@ -32,7 +32,7 @@ from spectral_optax.initializers import reinitialize
 
 
 def slices64(x, fan_in, fan_out, splits=1):
-    """(slices, d_in, d_out) in float64, from the axes (independent of spectral_optax.to_matrix)."""
+    """(slices, d_in, d_out) in float64, from the axes (independent of spectral_optax.expert.to_matrix)."""
     x = np.asarray(x, np.float64)
     batch = [a for a in range(x.ndim) if a not in fan_in and a not in fan_out]
     y = np.transpose(x, batch + list(fan_in) + list(fan_out))

@@ -127,13 +127,13 @@ def test_p1_is_sign_over_d_in_exactly_and_q_inf_too():
     g = rand((16, 8), seed=3)
     g[0, 0] = 0.0
     want = np.sign(g) / np.float32(16)
-    np.testing.assert_array_equal(np.asarray(so.row_normalize(jnp.asarray(g)[None], 1.0))[0], want)
-    np.testing.assert_array_equal(np.asarray(so.column_normalize(jnp.asarray(g)[None], math.inf))[0], want)
+    np.testing.assert_array_equal(np.asarray(so.expert.row_normalize(jnp.asarray(g)[None], 1.0))[0], want)
+    np.testing.assert_array_equal(np.asarray(so.expert.column_normalize(jnp.asarray(g)[None], math.inf))[0], want)
 
 
 def test_head_rule_without_fan_scaling():
     g = rand((20, 6), seed=4)
-    got = so.row_normalize(jnp.asarray(g)[None], 2.5, fan_scaling=False)[0]
+    got = so.expert.row_normalize(jnp.asarray(g)[None], 2.5, fan_scaling=False)[0]
     np.testing.assert_allclose(np.asarray(got, np.float64), ref_row(g.astype(np.float64), 2.5, False), rtol=2e-5)
 
 
@@ -149,7 +149,7 @@ def test_row_direction_is_unit_in_the_operator_norm(p, shape):
     explicit input, is exactly 1."""
     g = rand(shape, seed=5).astype(np.float64)
     d_in = shape[0]
-    d = np.asarray(so.row_normalize(jnp.asarray(g, jnp.float32)[None], p)[0], np.float64)
+    d = np.asarray(so.expert.row_normalize(jnp.asarray(g, jnp.float32)[None], p)[0], np.float64)
     ps = math.inf if p == 1 else p / (p - 1)
     col_norms = np.linalg.norm(d, ord=ps, axis=0)
     np.testing.assert_allclose(col_norms, d_in ** (-1 / p), rtol=1e-5)
@@ -170,7 +170,7 @@ def test_row_direction_is_unit_in_the_operator_norm(p, shape):
 def test_col_direction_is_unit_in_the_operator_norm(q):
     g = rand((10, 30), seed=6).astype(np.float64)
     d_in, d_out = g.shape
-    d = np.asarray(so.column_normalize(jnp.asarray(g, jnp.float32)[None], q)[0], np.float64)
+    d = np.asarray(so.expert.column_normalize(jnp.asarray(g, jnp.float32)[None], q)[0], np.float64)
     row_norms = np.linalg.norm(d, ord=q, axis=1)
     np.testing.assert_allclose(row_norms, (1.0 if math.isinf(q) else d_out ** (1 / q)) / d_in, rtol=1e-5)
     # ||D||_{(1,mean)->(q,mean)} = d_in d_out^(-1/q) max_j ||d_j||_q = 1
@@ -189,13 +189,13 @@ def test_col_direction_is_unit_in_the_operator_norm(q):
 @pytest.mark.parametrize("c", [1e-30, 3e-3, 7.0, 1e30])
 def test_scale_invariance_and_extreme_magnitudes(p, c):
     g = rand((1, 16, 12), seed=7)
-    base = np.asarray(so.row_normalize(jnp.asarray(g), p))
-    scaled = np.asarray(so.row_normalize(jnp.asarray(g * np.float32(c)), p))
+    base = np.asarray(so.expert.row_normalize(jnp.asarray(g), p))
+    scaled = np.asarray(so.expert.row_normalize(jnp.asarray(g * np.float32(c)), p))
     assert np.all(np.isfinite(scaled))
     np.testing.assert_allclose(scaled, base, rtol=1e-5, atol=1e-8)
     qc = 1.0 + 1.0 / (p - 1) if p > 1 else math.inf  # q with q* = p
-    base_c = np.asarray(so.column_normalize(jnp.asarray(g), qc))
-    scaled_c = np.asarray(so.column_normalize(jnp.asarray(g * np.float32(c)), qc))
+    base_c = np.asarray(so.expert.column_normalize(jnp.asarray(g), qc))
+    scaled_c = np.asarray(so.expert.column_normalize(jnp.asarray(g * np.float32(c)), qc))
     assert np.all(np.isfinite(scaled_c))
     np.testing.assert_allclose(scaled_c, base_c, rtol=1e-5, atol=1e-8)
 
@@ -205,14 +205,14 @@ def test_zero_rows_and_zero_matrix(p):
     g = rand((16, 6), seed=8)
     g[:, 2] = 0.0  # an output neuron with zero gradient
     g[5, :] = 0.0  # an input with zero gradient
-    d = np.asarray(so.row_normalize(jnp.asarray(g)[None], p)[0])
+    d = np.asarray(so.expert.row_normalize(jnp.asarray(g)[None], p)[0])
     assert np.all(np.isfinite(d)) and np.all(d[:, 2] == 0)
     np.testing.assert_allclose(d, ref_row(g.astype(np.float64), p), rtol=2e-5, atol=1e-7)
-    c = np.asarray(so.column_normalize(jnp.asarray(g)[None], 2.0)[0])
+    c = np.asarray(so.expert.column_normalize(jnp.asarray(g)[None], 2.0)[0])
     assert np.all(np.isfinite(c)) and np.all(c[5] == 0)
     z = jnp.zeros((2, 16, 6))
-    assert np.all(np.asarray(so.row_normalize(z, p)) == 0)
-    assert np.all(np.asarray(so.column_normalize(z, 4.0)) == 0)
+    assert np.all(np.asarray(so.expert.row_normalize(z, p)) == 0)
+    assert np.all(np.asarray(so.expert.column_normalize(z, 4.0)) == 0)
 
 
 @pytest.mark.parametrize("p", [1.0, 1.5, 2.0, 2.5])
@@ -236,11 +236,11 @@ def test_traced_exponent_matches_static():
     g = g.at[0, :, 3].set(0.0)
     for p in [1.0, 1.5, 2.0, 2.7]:
         np.testing.assert_allclose(
-            jax.jit(so.row_normalize)(g, p), so.row_normalize(g, p), rtol=1e-5, atol=1e-8
+            jax.jit(so.expert.row_normalize)(g, p), so.expert.row_normalize(g, p), rtol=1e-5, atol=1e-8
         )
     for q in [1.5, 2.0, math.inf]:
         np.testing.assert_allclose(
-            jax.jit(so.column_normalize)(g, q), so.column_normalize(g, q), rtol=1e-5, atol=1e-8
+            jax.jit(so.expert.column_normalize)(g, q), so.expert.column_normalize(g, q), rtol=1e-5, atol=1e-8
         )
 
 

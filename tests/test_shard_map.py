@@ -47,14 +47,14 @@ np.testing.assert_allclose(np.asarray(fro), G / np.linalg.norm(G.astype(np.float
 rms = smap(lambda g: rms_normalize(g, axis=-1, axis_name="x"), P(None, None, "x"))(G)
 np.testing.assert_allclose(np.asarray(rms), G / np.sqrt(np.mean(G.astype(np.float64) ** 2, -1, keepdims=True)),
                            rtol=1e-5, atol=1e-6)
-row = smap(lambda g: so.row_normalize(g, 3.0, axis_name="x"), P(None, "x", None))(G)
+row = smap(lambda g: so.expert.row_normalize(g, 3.0, axis_name="x"), P(None, "x", None))(G)
 g64 = G.astype(np.float64)
 row_ref = np.sign(g64) * np.abs(g64) ** 2 / np.sum(np.abs(g64) ** 3, axis=1, keepdims=True) ** (2 / 3) * 16 ** (-1 / 3)
 np.testing.assert_allclose(np.asarray(row), row_ref, rtol=1e-4, atol=1e-6)
-row2 = smap(lambda g: so.row_normalize(g, 2.0, axis_name="x"), P(None, "x", None))(G)  # p = 2: no powers
+row2 = smap(lambda g: so.expert.row_normalize(g, 2.0, axis_name="x"), P(None, "x", None))(G)  # p = 2: no powers
 np.testing.assert_allclose(np.asarray(row2), g64 / np.linalg.norm(g64, axis=1, keepdims=True) / 4.0,
                            rtol=1e-5, atol=1e-7)
-col = smap(lambda g: so.column_normalize(g, 3.0, axis_name="x"), P(None, None, "x"))(G)  # q* = 3/2
+col = smap(lambda g: so.expert.column_normalize(g, 3.0, axis_name="x"), P(None, None, "x"))(G)  # q* = 3/2
 col_ref = (np.sign(g64) * np.abs(g64) ** 0.5 / np.sum(np.abs(g64) ** 1.5, axis=2, keepdims=True) ** (1 / 3)
            * 48 ** (1 / 3) / 16)
 np.testing.assert_allclose(np.asarray(col), col_ref, rtol=1e-4, atol=1e-6)

@@ -28,6 +28,7 @@ MODULES = (
     ("spectral_optax.nn.nnx", "spectral_optax.nn.nnx", "NNX models."),
     ("spectral_optax.lab", "spectral_optax.lab", "The transfer lab: sweeps, data, plots."),
     ("spectral_optax.transfer", "spectral_optax.transfer", "Transfer rules for horizon, batch size, weight decay."),
+    ("spectral_optax.expert", "spectral_optax.expert", "For experts: coefficient tables, schedules, plans, states, routes."),
 )
 
 _SECTION = re.compile(r"^(\s*)(Args|Arguments|Parameters|Attributes|Returns|Yields|Raises|Example|Examples|Note|"
@@ -99,19 +100,28 @@ def all_problems() -> list[str]:
     return sorted(set(out))
 
 
+def documented_names(module_name: str) -> list[str]:
+    """The names the API page of ``module_name`` documents: its ``__all__`` without submodules."""
+    module = importlib.import_module(module_name)
+    return [n for n in getattr(module, "__all__", ()) if not inspect.ismodule(getattr(module, n))]
+
+
+def page_text(module_name: str, title: str, intro: str) -> str:
+    """The reStructuredText of one API page: one autodoc entry per documented name."""
+    module = importlib.import_module(module_name)
+    lines = [title, "=" * len(title), "", intro, "", f".. currentmodule:: {module_name}", ""]
+    for public in documented_names(module_name):
+        obj = getattr(module, public)
+        kind = "autoclass" if inspect.isclass(obj) else ("autofunction" if callable(obj) else "autodata")
+        lines += [f".. {kind}:: {public}"] + (["   :members:"] if kind == "autoclass" else []) + [""]
+    return "\n".join(lines) + "\n"
+
+
 def _write_pages(app) -> None:
     api = Path(app.srcdir) / "api"
     api.mkdir(exist_ok=True)
     for module_name, title, intro in MODULES:
-        module = importlib.import_module(module_name)
-        lines = [title, "=" * len(title), "", intro, "", f".. currentmodule:: {module_name}", ""]
-        for public in getattr(module, "__all__", ()):
-            obj = getattr(module, public)
-            if inspect.ismodule(obj):
-                continue
-            kind = "autoclass" if inspect.isclass(obj) else ("autofunction" if callable(obj) else "autodata")
-            lines += [f".. {kind}:: {public}"] + (["   :members:"] if kind == "autoclass" else []) + [""]
-        (api / f"{module_name}.rst").write_text("\n".join(lines) + "\n")
+        (api / f"{module_name}.rst").write_text(page_text(module_name, title, intro))
     for message in all_problems():
         logger.warning(message, type="apicheck")
 

@@ -105,7 +105,7 @@ def moga(
     adam_eps: float = 1e-8,
     mu_dtype: Any = None,
     axis_name: Any = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """MOGA: EMA momentum, normalized per leaf in its operator norm.
 
     With ``mu <- momentum * mu + (1 - momentum) * g`` per leaf, the update is
@@ -281,7 +281,7 @@ def _fan_factor(geom: Geometry, p, q, dtype):
     return (jnp.power(float(geom.d_out), 1.0 / q) / jnp.power(float(geom.d_in), 1.0 / p)).astype(dtype)
 
 
-def _scale_by_fan_ratio(p, q, gmap) -> optax.GradientTransformation:
+def _scale_by_fan_ratio(p, q, gmap) -> optax.GradientTransformationExtraArgs:
     def leaf(geom, u):
         f = _fan_factor(geom, p, q, jnp.float32)
         if f is None:
@@ -309,7 +309,7 @@ def rescaled_adamw(
     mu_dtype: Any = None,
     nesterov: bool = False,
     geometry: GeometryLike = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """AdamW with Adam's step multiplied by ``d_out^(1/q) / d_in^(1/p)`` per matrix.
 
     ``update = -learning_rate * (s * adam(g) + weight_decay * W)`` with

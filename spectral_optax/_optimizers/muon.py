@@ -125,6 +125,10 @@ def muon(
     ``sqrt(max(1, d_out / d_in))`` on layers with ``d_out < d_in``; for the
     exact ``optax.contrib.muon`` update use :func:`contrib_muon`.
 
+    ``momentum = 0.95`` with Nesterov, as in Keller Jordan's Muon and
+    ``optax.contrib.muon``; :func:`~spectral_optax.normuon` and
+    :func:`~spectral_optax.moga` keep their own papers' plain EMA.
+
     The optimizer is one table ``{route: transform}`` (the routes above,
     each with and without decay) partitioned by geometry; the table does not
     depend on the model, so ``optax.tree_map_params`` works on the state.
@@ -145,7 +149,7 @@ def muon(
         d_out))``), a number or a function ``geometry -> number``.
       ns_coefficients: ``'auto'`` (default: ``'quintic'``, 5 steps, for
         float32 compute; ``'power4'``, 4 steps, for bfloat16, ``'polar_express_schatten'``,
-        4 steps, for float16, :func:`spectral_optax.auto_schedule`), ``'quintic'``, ``'polar_express'``,
+        4 steps, for float16, :func:`spectral_optax.expert.auto_schedule`), ``'quintic'``, ``'polar_express'``,
         ``'power3'``, ``'power4'``, ``'you'``, an ``(a, b,
         c)`` triple, a table, or a function replacing the iteration.
       ns_steps: number of Newton-Schulz steps (default from the coefficients).

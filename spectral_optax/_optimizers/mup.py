@@ -48,7 +48,7 @@ def spectral_sgd(
     weight_decay: float = 0.0,
     weight_decay_mask: Any = None,
     geometry: GeometryLike = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """Normalized SGD under the spectral condition.
 
     ``W <- W - lr * (sqrt(d_out/d_in) * M / ||M||_* + wd * W)`` with ``M`` the
@@ -56,6 +56,13 @@ def spectral_sgd(
     token's row at RMS 1, vectors RMS 1 (see :func:`scale_by_spectral_norm`).
     The learning rate is width-independent: a value tuned at one width
     transfers.
+
+    Why ``momentum = 0.9`` here and ``None`` in :func:`mup_sgd`: a normalized
+    step has length ``lr`` whatever the gradient's noise, so without a buffer
+    each step follows one minibatch's direction at full length (normalized SGD
+    needs momentum to average the noise before the normalization; Cutkosky and
+    Mehta 2020, "Momentum Improves Normalized SGD"); :func:`mup_sgd` is not
+    normalized and keeps ``optax.sgd``'s default.
 
     Args:
       learning_rate: a float or an optax schedule.
@@ -90,7 +97,7 @@ def mup_sgd(
     weight_decay: float = 0.0,
     weight_decay_mask: Any = None,
     geometry: GeometryLike = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """SGD with Parametrization-1 (muP) per-layer learning rates.
 
     ``W_l <- W_l - lr * (c_l * M_l + wd * W_l)``, ``c_l = (d_out / n_in)`` divided
@@ -131,7 +138,7 @@ def mup_adamw(
     weight_decay: float = 1e-4,
     weight_decay_mask: Any = None,
     geometry: GeometryLike = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """AdamW with muP per-layer learning rates (``lr / n_in``, relative to ``base``).
 
     ``W_l <- W_l - lr * (c_l * adam(G)_l + wd * W_l)`` with ``c_l = 1 / n_in``

@@ -44,7 +44,7 @@ def _wide(x):
 
 def ema_momentum(
     momentum: float = 0.95, *, nesterov: bool = False, mu_dtype: Any = None, bias_correction: bool = False
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """EMA momentum, optionally in Nesterov form; see the module docstring.
 
     Args:

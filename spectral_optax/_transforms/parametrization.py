@@ -112,7 +112,7 @@ def scale_by_parametrization1(
     *,
     base: Any = None,
     geometry: GeometryLike = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """Multiply each update by its Parametrization-1 learning-rate multiplier.
 
     ``u_l <- (d_out / n_in) u_l`` (SGD) or ``u_l <- u_l / n_in`` (Adam), each
@@ -158,7 +158,7 @@ def route_lr_scale(
     vector: float = 1.0,
     elementwise: float = 1.0,
     geometry: GeometryLike = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """Per-route learning-rate multipliers, placed after a complete optimizer.
 
     ``u_l <- c_r(l) u_l`` with ``r(l)`` the leaf's route (:func:`route_of`):

@@ -3,7 +3,7 @@
 Each transform maps one dual of :mod:`spectral_optax._duals.row_column` over
 the update tree through the parameter geometry: every leaf is viewed as its
 canonical ``(num_slices, d_in, d_out)`` matrix (stacked layers, conv windows,
-fused QKV blocks are handled by :func:`spectral_optax.to_matrix`), normalized,
+fused QKV blocks are handled by :func:`spectral_optax.expert.to_matrix`), normalized,
 and reshaped back. The transforms are stateless and scale-invariant, so put
 momentum before them and the learning rate after them.
 
@@ -30,7 +30,7 @@ __all__ = ["scale_by_col_norm", "scale_by_row_norm", "scale_by_sign"]
 
 def scale_by_row_norm(
     p: float = 2.0, *, geometry: GeometryLike = None, fan_scaling: bool = True, axis_name: AxisName = None
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """Steepest descent under the (p,mean) -> inf operator norm (MOGA "row").
 
     For every output neuron ``i`` (fan-out index; a column of a Flax
@@ -70,7 +70,7 @@ def scale_by_row_norm(
 
 def scale_by_col_norm(
     q: float = 2.0, *, geometry: GeometryLike = None, fan_scaling: bool = True, axis_name: AxisName = None
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """Steepest descent under the (1,mean) -> (q,mean) operator norm ("column").
 
     For every input index ``j`` (fan-in index; a row of a Flax kernel) of
@@ -99,7 +99,7 @@ def scale_by_col_norm(
     return dual_map_transform(lambda m: column_direction(m, q, fan_scaling=fan_scaling), geometry, axis_name)
 
 
-def scale_by_sign() -> optax.GradientTransformation:
+def scale_by_sign() -> optax.GradientTransformationExtraArgs:
     """``u -> sign(u)`` elementwise (steepest descent in the max-entry norm;
     MOGA's rule for embeddings and 1-D parameters). Dtypes preserved; extra
     keyword arguments of ``update`` are accepted and ignored."""

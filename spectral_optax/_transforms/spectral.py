@@ -84,7 +84,7 @@ def scale_by_spectral_norm(
     initial_power_iterations: int = 20,
     geometry: GeometryLike = None,
     axis_name: AxisName = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """Rescale each update to the spectral condition's norm, per batch slice.
 
     Matrices: ``sqrt(d_out / d_in) * G / ||G||_*``; embeddings: each token's

@@ -68,7 +68,7 @@ def scale_by_spectral_trust_ratio(
     min_norm: float = 0.0,
     eps: float = 0.0,
     geometry: GeometryLike = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """Per-layer trust ratio; ``rule='spectral'`` meets the spectral condition.
 
     Each slice ``U`` of an update, with the matching slice ``W`` of the
@@ -139,4 +139,4 @@ def scale_by_spectral_trust_ratio(
             )
         return map_with_geometry(leaf, gmap, updates, params, with_path=True, skip_empty=True), state
 
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+    return optax.with_extra_args_support(optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn))

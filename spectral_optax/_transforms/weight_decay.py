@@ -81,7 +81,7 @@ def decoupled_weight_decay(
     weight_decay: float,
     *,
     mask: Any = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """Add ``-learning_rate * weight_decay * W`` to finished updates.
 
     For chaining *after* a complete optimizer (whose output already includes

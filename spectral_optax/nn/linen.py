@@ -9,8 +9,8 @@ the absorbed form, to be trained with
 :func:`spectral_optax.depth_residual_scale`.
 
 Parameter names follow one convention so that
-:data:`spectral_optax.BRANCH_OUT_PATTERN` selects the last layer of
-every branch and :func:`spectral_optax.infer_geometry` reads the stacked
+:data:`spectral_optax.expert.BRANCH_OUT_PATTERN` selects the last layer of
+every branch and :func:`spectral_optax.expert.infer_geometry` reads the stacked
 kernels without help:
 
 * residual MLP: ``input_proj`` (or ``embed`` + ``input_proj``), ``blocks/dense_0``,
@@ -502,3 +502,15 @@ class ResNet(nn.Module):
                 )(h)
         h = nn.relu(nn.LayerNorm(name="ln_final", **kw)(h)).mean(axis=(1, 2))
         return nn.Dense(self.num_classes, kernel_init=self.kernel_init, name="head", **kw)(h)
+
+__all__ = [
+    "MLPBranch",
+    "ResidualMLPBlock",
+    "FusedSelfAttention",
+    "TransformerBlock",
+    "ResidualMLP",
+    "Transformer",
+    "ResNetBlock",
+    "ResNet",
+    "RESNET_BRANCH_OUT_PATTERN",
+]

@@ -3,7 +3,7 @@
 The NNX twins of :mod:`spectral_optax.nn.linen` with the same parameter paths
 (``input_proj``, ``blocks/dense_0``, ``blocks/dense_1``, ``head``; the
 transformer's ``blocks/attn/out`` and ``blocks/mlp/dense_1``), so
-:data:`spectral_optax.BRANCH_OUT_PATTERN` selects the branch-last layers
+:data:`spectral_optax.expert.BRANCH_OUT_PATTERN` selects the branch-last layers
 of both. The K blocks are created with ``nnx.vmap`` (every block parameter has
 a leading layer axis of size K) and applied with ``nnx.scan``, so depth 64
 compiles as fast as depth 2. Pass the live model as ``geometry=model`` to the
@@ -469,3 +469,14 @@ class ResNet(nnx.Module):
             for k in range(self.num_blocks):
                 h = getattr(self, f"stage_{s}_blocks_{k}")(h)
         return self.head(jax.nn.relu(self.ln_final(h)).mean(axis=(1, 2)))
+
+__all__ = [
+    "MLPBranch",
+    "ResidualMLPBlock",
+    "FusedSelfAttention",
+    "TransformerBlock",
+    "ResidualMLP",
+    "Transformer",
+    "ResNetBlock",
+    "ResNet",
+]
