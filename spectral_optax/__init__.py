@@ -55,7 +55,7 @@ from spectral_optax._transforms.neuron_norm import scale_by_neuron_second_moment
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
 from spectral_optax._transforms.parametrization import route_lr_scale, scale_by_parametrization1
 from spectral_optax._transforms.qk_clip import AttentionSpec, attention_max_logits, collect_max_logits, qk_clip
-from spectral_optax._transforms.row_column import scale_by_col_norm, scale_by_row_norm, scale_by_sign
+from spectral_optax._transforms.row_column import scale_by_column_norm, scale_by_row_norm, scale_by_sign
 from spectral_optax._transforms.spectral import scale_by_fan_out_rms, scale_by_spectral_norm
 from spectral_optax._transforms.trust_ratio import scale_by_spectral_trust_ratio
 from spectral_optax._transforms.weight_decay import decoupled_weight_decay
@@ -91,7 +91,7 @@ __all__ = [
     # Composable transforms.
     "scale_by_spectral_norm",
     "scale_by_row_norm",
-    "scale_by_col_norm",
+    "scale_by_column_norm",
     "scale_by_sign",
     "scale_by_fan_out_rms",
     "orthogonalize_via_newton_schulz",

@@ -18,7 +18,7 @@ compose their own or inspect what a default chose:
   Parametrization 1) and their learning-rate multipliers;
 * depth-scaling plumbing (the default block / branch patterns, a scaled
   initializer wrapper, the companion learning-rate factor);
-* the weight-only QK logit bound.
+
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from spectral_optax._transforms.momentum import EmaMomentumState
 from spectral_optax._transforms.neuron_norm import ScaleByNeuronSecondMomentState
 from spectral_optax._transforms.orthogonalize import orthogonalization_plan
 from spectral_optax._transforms.parametrization import ROUTES, lr_multiplier, route_of
-from spectral_optax._transforms.qk_clip import qk_logit_bound
 from spectral_optax._transforms.spectral import ScaleBySpectralNormState
 from spectral_optax._transforms.weight_decay import DecoupledWeightDecayState
 
@@ -90,6 +89,4 @@ __all__ = [
     "BRANCH_OUT_PATTERN",
     "scale_init",
     "depth_lr_multiplier",
-    # QK logits.
-    "qk_logit_bound",
 ]

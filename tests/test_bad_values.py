@@ -140,7 +140,7 @@ def test_finite_extremes_give_finite_updates():
     (lambda: so.rescaled_adamw(0.1, p=0.9), r"p must be"),
     (lambda: so.rescaled_adamw(0.1, q=0.0), r"q must be in \(0, inf\]"),
     (lambda: so.scale_by_row_norm(0.0), r"p must be"),
-    (lambda: so.scale_by_col_norm(1.0), r"q must be in"),
+    (lambda: so.scale_by_column_norm(1.0), r"q must be in"),
     (lambda: so.muon(0.1, embedding="sgd"), r"embedding= must be one of"),
     (lambda: so.muon(0.1, elementwise="sign"), r"elementwise= must be one of"),
     (lambda: so.muon(0.1, scale="frobenius"), r"scale must be one of"),
@@ -209,7 +209,7 @@ def test_geometry_override_matching_nothing_rejected_at_init_with_the_paths(name
 TRANSFORMS = {
     "scale_by_row_norm": lambda: so.scale_by_row_norm(1.5),
     "scale_by_row_norm(fan_scaling=False)": lambda: so.scale_by_row_norm(3.0, fan_scaling=False),
-    "scale_by_col_norm": lambda: so.scale_by_col_norm(3.0),
+    "scale_by_column_norm": lambda: so.scale_by_column_norm(3.0),
     "scale_by_sign": lambda: so.scale_by_sign(),
     "scale_by_fan_out_rms": lambda: so.scale_by_fan_out_rms(),
     "scale_by_spectral_norm": lambda: so.scale_by_spectral_norm(),

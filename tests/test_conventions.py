@@ -68,7 +68,7 @@ OPTIMIZERS = {
 
 TRANSFORMS = {
     "scale_by_row_norm": lambda: so.scale_by_row_norm(1.5),
-    "scale_by_col_norm": lambda: so.scale_by_col_norm(3.0),
+    "scale_by_column_norm": lambda: so.scale_by_column_norm(3.0),
     "scale_by_sign": so.scale_by_sign,
     "orthogonalize_via_newton_schulz": so.orthogonalize_via_newton_schulz,
     "scale_by_neuron_second_moment": so.scale_by_neuron_second_moment,

@@ -29,7 +29,7 @@ TOP_LEVEL = {
     "transforms": [
         "scale_by_spectral_norm",
         "scale_by_row_norm",
-        "scale_by_col_norm",
+        "scale_by_column_norm",
         "scale_by_sign",
         "scale_by_fan_out_rms",
         "orthogonalize_via_newton_schulz",

@@ -377,8 +377,8 @@ def test_injected_column_exponent_equals_static(q):
     the static one and the float64 column dual."""
     rng = np.random.default_rng(12)
     g = {"Dense_0": {"kernel": jnp.asarray(rng.standard_normal((6, 5)), jnp.float32)}}
-    static = so.scale_by_col_norm(q)
-    injected = optax.inject_hyperparams(so.scale_by_col_norm)(q=q)
+    static = so.scale_by_column_norm(q)
+    injected = optax.inject_hyperparams(so.scale_by_column_norm)(q=q)
     a, _ = static.update(g, static.init(g))
     b, _ = jax.jit(injected.update)(g, injected.init(g))  # jit: q is a tracer, not a concrete value
     m = np.asarray(g["Dense_0"]["kernel"], np.float64)

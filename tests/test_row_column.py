@@ -118,7 +118,7 @@ def test_row_norm_matches_reference(name, p):
 def test_col_norm_matches_reference(name, q):
     shape = SHAPES[name][1]
     g = rand(shape, seed=2)
-    got = leaf_of(name, apply(so.scale_by_col_norm(q), tree_for(name, jnp.asarray(g))))
+    got = leaf_of(name, apply(so.scale_by_column_norm(q), tree_for(name, jnp.asarray(g))))
     want = ref_unslice([ref_col(m, q) for m in ref_slices(g, name)], name, shape)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-5, atol=1e-7)
 
@@ -225,7 +225,7 @@ def test_bf16_preserved_and_finite(p):
     assert np.all(np.isfinite(out))
     want = ref_row(np.asarray(jnp.asarray(g * 1e30, jnp.bfloat16), np.float64), p)
     np.testing.assert_allclose(out, want, rtol=2e-2, atol=1e-4)
-    tiny = apply(so.scale_by_col_norm(2.0), {"Dense_0": {"kernel": jnp.asarray(g * 1e-30, jnp.bfloat16)}})
+    tiny = apply(so.scale_by_column_norm(2.0), {"Dense_0": {"kernel": jnp.asarray(g * 1e-30, jnp.bfloat16)}})
     assert np.all(np.isfinite(np.asarray(tiny["Dense_0"]["kernel"], np.float32)))
 
 
@@ -255,7 +255,7 @@ def test_qkv_split_equals_blocks_normalized_separately(p):
     tree = {"attn": {"qkv": {"kernel": jnp.asarray(g)}}}
     geo = {r"qkv/kernel$": dict(kind="matrix", fan_out_splits=3)}
     row = np.asarray(apply(so.scale_by_row_norm(p, geometry=geo), tree)["attn"]["qkv"]["kernel"])
-    col = np.asarray(apply(so.scale_by_col_norm(2.0, geometry=geo), tree)["attn"]["qkv"]["kernel"])
+    col = np.asarray(apply(so.scale_by_column_norm(2.0, geometry=geo), tree)["attn"]["qkv"]["kernel"])
     g64 = g.astype(np.float64)
     blocks = [g64[:, k * 8 : (k + 1) * 8] for k in range(3)]
     np.testing.assert_allclose(row, np.concatenate([ref_row(b, p) for b in blocks], 1), rtol=2e-5, atol=1e-7)
@@ -294,7 +294,7 @@ def test_bad_p_raises(bad):
 @pytest.mark.parametrize("bad", [1.0, 0.5])
 def test_bad_q_raises(bad):
     with pytest.raises(ValueError, match="q must be in"):
-        so.scale_by_col_norm(bad)
+        so.scale_by_column_norm(bad)
 
 
 def test_unresolvable_geometry_names_the_path():

@@ -71,7 +71,7 @@ for name, make in {
     "moga": lambda a: so.moga(0.01, p=3.0, axis_name=a),
     "moga(col)": lambda a: so.moga(0.01, p=3.0, variant="col", axis_name=a),
     "orthogonalize": lambda a: so.orthogonalize_via_newton_schulz(axis_name=a),
-    "scale_by_col_norm": lambda a: so.scale_by_col_norm(3.0, axis_name=a),
+    "scale_by_column_norm": lambda a: so.scale_by_column_norm(3.0, axis_name=a),
     "scale_by_spectral_norm": lambda a: so.scale_by_spectral_norm(axis_name=a),
 }.items():
     tx_ref, tx = make(None), make(specs)
@@ -97,5 +97,5 @@ print("ok name")
 
 def test_shard_map_axis_name_equals_unsharded():
     out = run_script(SCRIPT, devices=4)
-    for name in ("newton_schulz", "norms", "muon", "moga", "moga(col)", "orthogonalize", "scale_by_col_norm", "name"):
+    for name in ("newton_schulz", "norms", "muon", "moga", "moga(col)", "orthogonalize", "scale_by_column_norm", "name"):
         assert f"ok {name}" in out, out

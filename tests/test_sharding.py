@@ -98,10 +98,10 @@ optimizers = {  # named optimizers on both mesh kinds; the transforms alone on E
     "spectral_sgd": lambda: so.spectral_sgd(0.1, geometry=GEOMETRY),
     "orthogonalize(distribute=False)": lambda: so.orthogonalize_via_newton_schulz(geometry=GEOMETRY, distribute=False),
     "scale_by_spectral_norm(power)": lambda: so.scale_by_spectral_norm(method="power", geometry=GEOMETRY),
-    "scale_by_col_norm": lambda: so.scale_by_col_norm(3.0, geometry=GEOMETRY),
+    "scale_by_column_norm": lambda: so.scale_by_column_norm(3.0, geometry=GEOMETRY),
 }
 explicit_only = ("mup_adamw", "spectral_sgd", "orthogonalize(distribute=False)", "scale_by_spectral_norm(power)",
-                 "scale_by_col_norm")  # Auto meshes: muon and moga (CI time)
+                 "scale_by_column_norm")  # Auto meshes: muon and moga (CI time)
 one = jax.devices()[0]
 for mode in (AxisType.Explicit, AxisType.Auto):
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(mode, mode))
@@ -154,7 +154,7 @@ for mode in (AxisType.Explicit, AxisType.Auto):
     for name in ("muon", "moga"):
         assert f"ok {name} AxisType.Explicit" in out and f"ok {name} AxisType.Auto" in out, out
     for name in ("mup_adamw", "spectral_sgd", "orthogonalize(distribute=False)", "scale_by_spectral_norm(power)",
-                 "scale_by_col_norm"):
+                 "scale_by_column_norm"):
         assert f"ok {name} AxisType.Explicit" in out, out
     # momentum (muon, moga) and Adam moments were actually checked leaf by leaf
     assert "ok muon AxisType.Explicit 0" not in out and "ok mup_adamw AxisType.Auto 0" not in out, out

@@ -35,7 +35,7 @@ from spectral_optax._numerics import static_value
 from spectral_optax._optimizers.common import geometry_partition, train_float_leaves
 from spectral_optax._transforms.momentum import ema_momentum
 from spectral_optax._transforms.row_column import (
-    scale_by_col_norm,
+    scale_by_column_norm,
     scale_by_row_norm,
     scale_by_sign,
 )
@@ -118,7 +118,7 @@ def moga(
     * ``'col'`` (hidden matrices, ``variant='col'``): ``base_factor *`` the
       (1,mean)->(q,mean) dual, per fan-in index ``j``
       ``sign(h_j) |h_j|^(q*-1) / ||h_j||_{q*}^(q*-1) * d_out^(1/q) / d_in``
-      (:func:`scale_by_col_norm`);
+      (:func:`scale_by_column_norm`);
     * ``'head'`` (matrices with role ``'output'``): the row direction without
       fan scaling and without ``base_factor`` (unit ``l_{p*}`` fan-in vectors,
       as published); with ``head_base_width = W`` it is the row direction with
@@ -236,7 +236,7 @@ def moga(
     # The table {rule -> direction}; p and q are validated once, by the transforms' constructors.
     table = {
         "row": momentum_then(scale_by_row_norm(p, geometry=gmap, axis_name=axis_name), optax.scale(base_factor)),
-        "col": momentum_then(scale_by_col_norm(q, geometry=gmap, axis_name=axis_name), optax.scale(base_factor)),
+        "col": momentum_then(scale_by_column_norm(q, geometry=gmap, axis_name=axis_name), optax.scale(base_factor)),
         "head": momentum_then(*head_direction),
         "sign": momentum_then(scale_by_sign()),
         "adam": optax.scale_by_adam(

@@ -25,7 +25,7 @@ from spectral_optax._geometry import GeometryLike
 from spectral_optax._sharding import AxisName
 from spectral_optax._transforms.dual import dual_map_transform
 
-__all__ = ["scale_by_col_norm", "scale_by_row_norm", "scale_by_sign"]
+__all__ = ["scale_by_column_norm", "scale_by_row_norm", "scale_by_sign"]
 
 
 def scale_by_row_norm(
@@ -68,7 +68,7 @@ def scale_by_row_norm(
     return dual_map_transform(lambda m: row_direction(m, p, fan_scaling=fan_scaling), geometry, axis_name)
 
 
-def scale_by_col_norm(
+def scale_by_column_norm(
     q: float = 2.0, *, geometry: GeometryLike = None, fan_scaling: bool = True, axis_name: AxisName = None
 ) -> optax.GradientTransformationExtraArgs:
     """Steepest descent under the (1,mean) -> (q,mean) operator norm ("column").
