@@ -55,7 +55,7 @@ BASE_WIDTH = 64
 #: width 64 on the quick preset (2026-12-01, train loss at the best LR: x1 2.865, x4 2.707, x16 2.634, x32 2.674,
 #: x64 2.709; SP AdamW 2.559) and kept at every width, as muP keeps its per-group multipliers. Each embedding row
 #: (one per position and byte) gets a gradient in a fraction of the steps only, so Adam's normalized step moves it
-#: slowly at the global learning rate. docs/benchmarks.md, "Why the muP family trails SP AdamW at small width".
+#: slowly at the global learning rate. docs/lab_log.md, "Why the muP family trails SP AdamW at small width".
 MUP_EMBEDDING_LR_SCALE = 16.0
 
 
