@@ -287,14 +287,8 @@ def test_moga_stacked_and_conv_leaves():
 # ---------------------------------------------------------------------------
 # Width check: the (p,mean) -> inf norm of hidden updates is width-independent.
 # ---------------------------------------------------------------------------
-def op_norm_p_mean_to_inf(d, p):
-    """sup_x ||x @ D||_inf / ||x||_{p,mean} = d_in^(1/p) max_i ||D[:, i]||_{p*}
-    (Hoelder, attained)."""
-    ps = math.inf if p == 1 else p / (p - 1)
-    return d.shape[0] ** (1 / p) * np.max(np.linalg.norm(d, ord=ps, axis=0))
-
-
 def mlp_grads(width, seed=0):
+    """Params, the gradient of the mean squared error, and the first hidden layer's features."""
     r = np.random.default_rng(seed)
     d0, batch = 32, 64
     params = {
@@ -308,32 +302,40 @@ def mlp_grads(width, seed=0):
     def loss(prm):
         h = jax.nn.relu(x @ prm["Dense_0"]["kernel"])
         h = jax.nn.relu(h @ prm["Dense_1"]["kernel"])
-        return jnp.mean((h @ prm["head"]["kernel"])[:, 0] - y) ** 2
+        return jnp.mean(((h @ prm["head"]["kernel"])[:, 0] - y) ** 2)
 
-    return params, jax.jit(jax.grad(loss))(params)
+    h0 = np.asarray(jax.nn.relu(x @ params["Dense_0"]["kernel"]), np.float64)
+    return params, jax.jit(jax.grad(loss))(params), h0
+
+
+def _rms(a):
+    return float(np.sqrt(np.mean(np.square(a))))
 
 
 @pytest.mark.slow
-def test_width_independent_hidden_update_norm():
+@pytest.mark.parametrize("seed", [0, 1])
+def test_width_independent_hidden_feature_change(seed):
+    """The spectral condition's consequence: one step changes the hidden pre-activations by a width-free fraction.
+
+    ``||h0 dW1||_RMS / ||h0 W1||_RMS`` over widths 64..1024 (float64, on the first hidden layer's features ``h0``):
+    MOGA's stays within a factor 2.5 (measured 1.46-1.76 over seeds 0-2 and p in {1.5, 2}); Adam's, whose entries
+    have size ``lr`` whatever the width, grows with the width (measured 22-31x), so the check discriminates.
+    """
     widths = [64, 128, 256, 512, 1024]
     lr = 0.01
-    ps = (1.5, 2.0, 2.5)
-    norms = {p: [] for p in ps}
-    adam_norms = []
+    changes = {p: [] for p in (1.5, 2.0)} | {"adam": []}
     for n in widths:
-        params, g = mlp_grads(n)
-        for p in ps:
-            u = run(so.moga(lr, p), [g], params)[0]
-            for layer in ("Dense_0", "Dense_1"):  # input (32 x n) and hidden (n x n) matrices
-                norms[p].append(op_norm_p_mean_to_inf(np.asarray(u[layer]["kernel"], np.float64), p))
-        ua = run(optax.adam(lr), [g], params)[0]
-        adam_norms.append(op_norm_p_mean_to_inf(np.asarray(ua["Dense_1"]["kernel"], np.float64), 2.0))
-    for p in ps:
-        r = np.array(norms[p])
-        assert r.max() / r.min() < 1.10, (p, r)
-        np.testing.assert_allclose(r, lr * 25.0, rtol=1e-4)  # exactly lr * base_factor
-    # the check discriminates: Adam's hidden update norm grows with width
-    assert adam_norms[-1] / adam_norms[0] > 2.0, adam_norms
+        params, g, h0 = mlp_grads(n, seed)
+        w1 = np.asarray(params["Dense_1"]["kernel"], np.float64)
+        for key in changes:
+            opt = optax.adam(lr) if key == "adam" else so.moga(lr, key)
+            u = np.asarray(run(opt, [g], params)[0]["Dense_1"]["kernel"], np.float64)
+            changes[key].append(_rms(h0 @ u) / _rms(h0 @ w1))
+    for p in (1.5, 2.0):
+        r = np.array(changes[p])
+        assert r.max() / r.min() < 2.5, (p, r)
+    adam = np.array(changes["adam"])
+    assert adam[-1] / adam[0] > 10.0, adam
 
 
 # ---------------------------------------------------------------------------
