@@ -13,8 +13,8 @@ MOGA, normalized SGD, AdamW up to epsilon). ``a = 1/2`` is Depth-muP's
 ``1 / sqrt(K)`` branch multiplier.
 
 **The companion learning rate of an exponent** ``a != 1``: the block
-parameters' learning rate times :func:`depth_lr_multiplier`
-(:func:`depth_lr_scale`), derived in docs/math.md section 5.
+parameters' learning rate times :func:`~spectral_optax.expert.depth_lr_multiplier`
+(:func:`~spectral_optax.depth_lr_scale`), derived in docs/math.md section 5.
 
 **Explicit form.** The model multiplies each residual branch's output by
 ``alpha`` (``spectral_optax.nn`` blocks do this by default).
@@ -22,9 +22,9 @@ parameters' learning rate times :func:`depth_lr_multiplier`
 **Absorbed form.** Leave the model unscaled (``h + f(h)``) and instead
 
   1. initialize each branch's *last* layer (weights and bias) times ``alpha``
-     (:func:`scale_init` for a Flax initializer, :func:`depth_scaled_init` for
+     (:func:`~spectral_optax.expert.scale_init` for a Flax initializer, :func:`~spectral_optax.depth_scaled_init` for
      an already initialized parameter tree), and
-  2. multiply that layer's updates by ``alpha`` (:func:`depth_residual_scale`).
+  2. multiply that layer's updates by ``alpha`` (:func:`~spectral_optax.depth_residual_scale`).
 
 Why this is the same network. Let ``W`` be a branch's last layer in the
 explicit form and ``W' = alpha W`` in the absorbed form; every other parameter
@@ -48,7 +48,7 @@ invariant per layer and the two forms differ.
 **Weight decay is not multiplied.** Decoupled decay shrinks ``W`` by the
 factor ``(1 - eta * lambda)``; ``W' = alpha W`` shrinks by the same factor, so
 the absorbed decay term ``eta * lambda * W'`` must *not* be multiplied by
-``alpha``. Put :func:`depth_residual_scale` after the optimizer's
+``alpha``. Put :func:`~spectral_optax.depth_residual_scale` after the optimizer's
 normalization and before the decay and the learning rate::
 
     optax.chain(
@@ -62,7 +62,7 @@ A complete named optimizer (``so.muon``, ``so.moga``, ``so.spectral_sgd``)
 ends with ``-learning_rate``; ``depth_residual_scale`` is linear, so it may
 follow it, but only with the optimizer's own decay switched off (chained
 after a decay it would scale the decay of the selected layers by ``alpha``
-too). Add the decay after it with :func:`decoupled_weight_decay`::
+too). Add the decay after it with :func:`~spectral_optax.decoupled_weight_decay`::
 
     optax.chain(
         so.muon(learning_rate, weight_decay=0.0),
@@ -115,7 +115,7 @@ __all__ = [
 #: '/'-joined parameter path.
 BRANCH_OUT_PATTERN = r"(?i)(^|/)blocks(_\d+)?/((mlp/)?dense_1|attn/out)/(kernel|bias)$"
 
-#: Default ``mask`` of :func:`depth_lr_scale`: every parameter of every residual
+#: Default ``mask`` of :func:`~spectral_optax.depth_lr_scale`: every parameter of every residual
 #: block of the ``spectral_optax.nn`` models (``blocks/...`` scanned,
 #: ``blocks_{k}/...`` unrolled, ResNet ``stage_{s}_blocks_{k}/...``); not the
 #: embeddings, input projection, stage transitions, final norm or head.
@@ -154,7 +154,7 @@ def residual_alpha(
       alpha: an explicit multiplier that wins when given (``1.0``: unscaled).
       exponent: ``a``: 1 (default) for inverse-depth scaling, 0.5 for
         Depth-muP's ``1 / sqrt(K)`` rule (train it with its companion
-        learning rate, :func:`depth_lr_scale`).
+        learning rate, :func:`~spectral_optax.depth_lr_scale`).
     """
     if alpha is not None:
         return float(alpha)
@@ -202,7 +202,7 @@ def scale_init(init: Callable, alpha: float) -> Callable:
 
     Args:
       init: an initializer ``init(key, shape, dtype) -> array``.
-      alpha: the factor (e.g. :func:`residual_alpha`).
+      alpha: the factor (e.g. :func:`~spectral_optax.residual_alpha`).
     """
 
     def scaled(key, shape, dtype=jnp.float32, *args, **kwargs):
@@ -295,7 +295,7 @@ def depth_scaled_init(
       params: a freshly initialized parameter tree (Linen dict or nnx.State).
       num_blocks: ``K``, the number of residual blocks.
       base_blocks: ``K_base``, the depth at which ``alpha = 1``.
-      exponent: ``a`` of ``alpha = (K_base / K) ** a`` (see :func:`residual_alpha`).
+      exponent: ``a`` of ``alpha = (K_base / K) ** a`` (see :func:`~spectral_optax.residual_alpha`).
       mask: the branch-last layers; see ``residual_branch_mask``.
       geometry: only used by a ``(path, geometry)`` mask.
 
@@ -338,7 +338,7 @@ def depth_residual_scale(
         without momentum), anywhere in the (linear) chain before the decay.
 
     and leaves every other update unchanged. Combined with the absorbed init
-    (:func:`depth_scaled_init` / :func:`scale_init`) and unit branch
+    (:func:`~spectral_optax.depth_scaled_init` / :func:`~spectral_optax.expert.scale_init`) and unit branch
     multipliers this reproduces the explicit ``h + alpha * f(h)`` network step
     for step (see the module docstring for the derivation).
 
@@ -351,9 +351,9 @@ def depth_residual_scale(
       num_blocks: ``K``, the number of residual blocks.
       base_blocks: ``K_base`` (default 2): the depth where ``alpha = 1``.
       exponent: ``a`` of ``alpha = (K_base / K) ** a`` (default 1; 0.5 for
-        Depth-muP, with :func:`depth_lr_scale` for its learning rate).
+        Depth-muP, with :func:`~spectral_optax.depth_lr_scale` for its learning rate).
       mask: the last layer (kernel and bias) of every residual branch: a
-        regex on the '/'-joined path (default :data:`BRANCH_OUT_PATTERN`, the
+        regex on the '/'-joined path (default :data:`~spectral_optax.expert.BRANCH_OUT_PATTERN`, the
         ``spectral_optax.nn`` naming), a sequence of regexes, a callable
         ``(path, geometry) -> bool``, an optax-style ``params -> tree of
         bools`` or a tree of bools.
@@ -391,7 +391,7 @@ def depth_lr_scale(
     """The companion learning rate of a residual-scale exponent, as a gradient transformation.
 
     Multiplies the updates of every block parameter (selected by ``mask``) by
-    :func:`depth_lr_multiplier`, ``(K_base / K) ** (1 - a)`` for
+    :func:`~spectral_optax.expert.depth_lr_multiplier`, ``(K_base / K) ** (1 - a)`` for
     scale-invariant optimizers (``(K_base / K) ** (1 - 2 a)`` for SGD), and
     leaves the others (embeddings, head, final norm) unchanged: a per-layer
     learning-rate multiplier, so it goes *after* the complete optimizer
@@ -408,7 +408,7 @@ def depth_lr_scale(
       base_blocks: ``K_base`` (default 2): the depth where the factor is 1.
       exponent: ``a`` of the branch multiplier ``alpha = (K_base / K) ** a``.
       mask: the block parameters: a regex on the '/'-joined path (default
-        :data:`BLOCK_PATTERN`), or any ``mask`` of :func:`depth_residual_scale`.
+        :data:`~spectral_optax.expert.BLOCK_PATTERN`), or any ``mask`` of :func:`~spectral_optax.depth_residual_scale`.
       geometry: resolves each leaf's geometry for a ``(path, geometry)`` mask.
       optimizer_kind: ``'scale_invariant'`` or ``'sgd'``.
 

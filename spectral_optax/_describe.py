@@ -70,7 +70,7 @@ def describe(params: Any, geometry: GeometryLike = None, *, base: Any = None, pr
 
 
 def format_table(rows: list[dict]) -> str:
-    """Render :func:`describe`'s rows as an aligned text table."""
+    """Render :func:`~spectral_optax.describe`'s rows as an aligned text table."""
 
     def cell(key, value):
         if key in ("target_norm", "lr_sgd", "lr_adam"):

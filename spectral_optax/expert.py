@@ -4,9 +4,9 @@ Nothing here is needed to train with :mod:`spectral_optax`; these are the
 pieces the named optimizers and transforms are built from, for users who
 compose their own or inspect what a default chose:
 
-* geometry helpers: the canonical matrix view (:func:`to_matrix`,
-  :func:`from_matrix`, see docs/math.md), the geometry tree of a params tree
-  (:func:`infer_geometry`), geometry-driven ``tree_map`` and
+* geometry helpers: the canonical matrix view (:func:`~spectral_optax.expert.to_matrix`,
+  :func:`~spectral_optax.expert.from_matrix`, see docs/math.md), the geometry tree of a params tree
+  (:func:`~spectral_optax.expert.infer_geometry`), geometry-driven ``tree_map`` and
   ``optax.partition`` labels;
 * dual maps as pure functions on the canonical view (row / column / l_p
   normalization; the polar factor is :func:`spectral_optax.newton_schulz`);

@@ -2,7 +2,7 @@
 and (1,mean)->(q,mean) operator norms, plus sign descent.
 
 All functions act on the canonical view ``m`` of shape
-``(num_slices, d_in, d_out)`` produced by :func:`spectral_optax.to_matrix`
+``(num_slices, d_in, d_out)`` produced by :func:`spectral_optax.expert.to_matrix`
 (Flax layout ``y = x @ W``): axis 1 is the fan-in, axis 2 the fan-out. Each
 slice (stacked layer, QKV block, ...) is treated independently.
 
@@ -215,7 +215,7 @@ def _whole(n: int, axis_name) -> int:
 
 
 def row_direction(m: jax.Array, p: Exponent, *, fan_scaling: bool = True, axis_name=None) -> jax.Array:
-    """:func:`row_normalize` without argument checks (for transforms that checked ``p`` at construction)."""
+    """:func:`~spectral_optax.expert.row_normalize` without argument checks (for transforms that checked ``p`` at construction)."""
     d = lp_dual_direction(m, p, axis=1, axis_name=axis_name)
     if fan_scaling:
         d_in = _whole(m.shape[1], axis_name)
@@ -252,7 +252,7 @@ def column_normalize(m: jax.Array, q: Exponent = 2.0, *, fan_scaling: bool = Tru
 
 
 def column_direction(m: jax.Array, q: Exponent, *, fan_scaling: bool = True, axis_name=None) -> jax.Array:
-    """:func:`column_normalize` without argument checks (``q`` checked at construction)."""
+    """:func:`~spectral_optax.expert.column_normalize` without argument checks (``q`` checked at construction)."""
     d = lp_dual_direction(m, _conjugate(q), axis=2, axis_name=axis_name)
     if fan_scaling:
         d_in, d_out = m.shape[1], _whole(m.shape[2], axis_name)

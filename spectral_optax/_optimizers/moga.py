@@ -43,7 +43,7 @@ from spectral_optax._transforms.weight_decay import decay_then_learning_rate
 
 __all__ = ["MOGA_RULES", "moga", "moga_labels", "rescaled_adamw"]
 
-#: Per-leaf rules understood by :func:`moga` (values of ``rules=``).
+#: Per-leaf rules understood by :func:`~spectral_optax.moga` (values of ``rules=``).
 MOGA_RULES = ("row", "col", "head", "sign", "adam")
 
 
@@ -68,7 +68,7 @@ def _route_fn(variant: str, rules: Mapping[str, Any] | None) -> Callable[[str, G
 def moga_labels(
     *, variant: str = "row", rules: Mapping[str, Any] | None = None, geometry: GeometryLike = None
 ) -> Callable[[Any], Any]:
-    """``params -> tree of rule names`` used by :func:`moga` (for inspection).
+    """``params -> tree of rule names`` used by :func:`~spectral_optax.moga` (for inspection).
 
     Per leaf: the first regex of ``rules`` that ``re.search``-es the
     '/'-joined path wins; otherwise hidden matrices get ``variant``, output
@@ -77,7 +77,7 @@ def moga_labels(
 
     Args:
       variant: ``'row'`` or ``'col'``: the label of hidden matrices.
-      rules: ``{regex: rule}`` per-path overrides, as in :func:`moga`.
+      rules: ``{regex: rule}`` per-path overrides, as in :func:`~spectral_optax.moga`.
       geometry: see :func:`spectral_optax.as_geometry_map`.
 
     Returns:
@@ -114,11 +114,11 @@ def moga(
     * ``'row'`` (hidden matrices, ``variant='row'``): ``base_factor *``
       the (p,mean)->inf dual: per fan-out index ``i`` (each output neuron),
       ``sign(mu_i) |mu_i|^(p-1) / ||mu_i||_p^(p-1) * d_in^(-1/p)``
-      (:func:`scale_by_row_norm`);
+      (:func:`~spectral_optax.scale_by_row_norm`);
     * ``'col'`` (hidden matrices, ``variant='col'``): ``base_factor *`` the
       (1,mean)->(q,mean) dual, per fan-in index ``j``
       ``sign(h_j) |h_j|^(q*-1) / ||h_j||_{q*}^(q*-1) * d_out^(1/q) / d_in``
-      (:func:`scale_by_column_norm`);
+      (:func:`~spectral_optax.scale_by_column_norm`);
     * ``'head'`` (matrices with role ``'output'``): the row direction without
       fan scaling and without ``base_factor`` (unit ``l_{p*}`` fan-in vectors,
       as published); with ``head_base_width = W`` it is the row direction with

@@ -54,7 +54,7 @@ from spectral_optax._transforms.weight_decay import (
 
 __all__ = ["MUON_ROUTES", "contrib_muon", "muon"]
 
-#: Built-in routes of :func:`muon` (values of ``embedding=``, ``vector=``, ``output=``).
+#: Built-in routes of :func:`~spectral_optax.muon` (values of ``embedding=``, ``vector=``, ``output=``).
 MUON_ROUTES = ("muon", "adamw", "normalize")
 
 
@@ -123,7 +123,7 @@ def muon(
 
     ``scale='spectral'`` (the default) differs from ``optax.contrib.muon``'s
     ``sqrt(max(1, d_out / d_in))`` on layers with ``d_out < d_in``; for the
-    exact ``optax.contrib.muon`` update use :func:`contrib_muon`.
+    exact ``optax.contrib.muon`` update use :func:`~spectral_optax.contrib_muon`.
 
     ``momentum = 0.95`` with Nesterov, as in Keller Jordan's Muon and
     ``optax.contrib.muon``; :func:`~spectral_optax.normuon` and
@@ -280,7 +280,7 @@ def contrib_muon(
     adam_learning_rate: optax.ScalarOrSchedule | None = None,
     consistent_rms: float | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-    """The update of ``optax.contrib.muon`` (default preconditioning), built from :func:`muon`.
+    """The update of ``optax.contrib.muon`` (default preconditioning), built from :func:`~spectral_optax.muon`.
 
     Same arguments and defaults as ``optax.contrib.muon`` (``ns_coeffs`` fixed
     to Muon's quintic), and the same update: every 2-D leaf is a ``(d_in,
@@ -289,7 +289,7 @@ def contrib_muon(
     momentum is bias-corrected in contrib's Nesterov form; the orthogonalized
     step is scaled by ``sqrt(max(1, d_out / d_in))`` (``scale='muon'``), or
     by ``consistent_rms * sqrt(max(d_in, d_out))`` when given; then
-    ``weight_decay`` and ``-learning_rate``. It is :func:`muon` with
+    ``weight_decay`` and ``-learning_rate``. It is :func:`~spectral_optax.muon` with
     ``scale='muon', bias_correction=True, adam_nesterov=nesterov,
     output='muon', elementwise='adamw', ns_method='standard',
     compute_dtype=float32`` and the geometry above. Matches contrib's update

@@ -53,22 +53,22 @@ def spectral_sgd(
 
     ``W <- W - lr * (sqrt(d_out/d_in) * M / ||M||_* + wd * W)`` with ``M`` the
     (heavy-ball or Nesterov) momentum of the gradient; embeddings get each
-    token's row at RMS 1, vectors RMS 1 (see :func:`scale_by_spectral_norm`).
+    token's row at RMS 1, vectors RMS 1 (see :func:`~spectral_optax.scale_by_spectral_norm`).
     The learning rate is width-independent: a value tuned at one width
     transfers.
 
-    Why ``momentum = 0.9`` here and ``None`` in :func:`mup_sgd`: a normalized
+    Why ``momentum = 0.9`` here and ``None`` in :func:`~spectral_optax.mup_sgd`: a normalized
     step has length ``lr`` whatever the gradient's noise, so without a buffer
     each step follows one minibatch's direction at full length (normalized SGD
     needs momentum to average the noise before the normalization; Cutkosky and
-    Mehta 2020, "Momentum Improves Normalized SGD"); :func:`mup_sgd` is not
+    Mehta 2020, "Momentum Improves Normalized SGD"); :func:`~spectral_optax.mup_sgd` is not
     normalized and keeps ``optax.sgd``'s default.
 
     Args:
       learning_rate: a float or an optax schedule.
       momentum: heavy-ball coefficient (``None``: no momentum buffer).
       nesterov: Nesterov momentum.
-      method: ``'frobenius'`` or ``'power'``, see :func:`scale_by_spectral_norm`.
+      method: ``'frobenius'`` or ``'power'``, see :func:`~spectral_optax.scale_by_spectral_norm`.
       power_iterations: power-iteration steps per update for ``method='power'``.
       weight_decay: decoupled weight decay coefficient.
       weight_decay_mask: optax mask (tree or callable); default spares vectors.
@@ -101,7 +101,7 @@ def mup_sgd(
     """SGD with Parametrization-1 (muP) per-layer learning rates.
 
     ``W_l <- W_l - lr * (c_l * M_l + wd * W_l)``, ``c_l = (d_out / n_in)`` divided
-    by its value at ``base`` (see :func:`scale_by_parametrization1`). With
+    by its value at ``base`` (see :func:`~spectral_optax.scale_by_parametrization1`). With
     ``base`` equal to the model itself this is exactly ``optax.sgd``.
 
     Args:

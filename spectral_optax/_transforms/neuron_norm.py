@@ -39,7 +39,7 @@ __all__ = ["ScaleByNeuronSecondMomentState", "scale_by_neuron_second_moment"]
 
 
 class ScaleByNeuronSecondMomentState(NamedTuple):
-    """State of :func:`scale_by_neuron_second_moment`.
+    """State of :func:`~spectral_optax.scale_by_neuron_second_moment`.
 
     Attributes:
       nu: per leaf, the EMA of the mean square of every output neuron,
@@ -83,7 +83,7 @@ def scale_by_neuron_second_moment(
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` with state
-      :class:`ScaleByNeuronSecondMomentState`.
+      :class:`~spectral_optax.expert.ScaleByNeuronSecondMomentState`.
     """
     if isinstance(beta, (int, float)) and not 0 <= beta < 1:  # (traced under inject_hyperparams)
         raise ValueError(f"beta must be in [0, 1), got {beta}")

@@ -41,7 +41,7 @@ from spectral_optax._geometry import (
 
 P1_RULES = ("sgd", "adam")
 
-#: The routes of :func:`route_lr_scale` (and of the named optimizers' routing tables).
+#: The routes of :func:`~spectral_optax.route_lr_scale` (and of the named optimizers' routing tables).
 ROUTES = ("hidden", "output", "embedding", "vector", "elementwise")
 
 
@@ -52,7 +52,7 @@ def route_of(geometry: Geometry) -> str:
       geometry: the leaf's :class:`~spectral_optax.Geometry`.
 
     Returns:
-      One of :data:`ROUTES`.
+      One of :data:`~spectral_optax.expert.ROUTES`.
     """
     if geometry.kind == "matrix":
         return "output" if geometry.role == "output" else "hidden"
@@ -74,7 +74,7 @@ def lr_multiplier(geometry: Geometry, kind: str) -> float:
 
     Returns:
       the multiplier, a Python float; absolute, i.e. not divided by a base
-      model's (that is :func:`scale_by_parametrization1` with ``base``).
+      model's (that is :func:`~spectral_optax.scale_by_parametrization1` with ``base``).
     """
     if kind == "sgd":
         return geometry.d_out / geometry.input_width
@@ -161,7 +161,7 @@ def route_lr_scale(
 ) -> optax.GradientTransformationExtraArgs:
     """Per-route learning-rate multipliers, placed after a complete optimizer.
 
-    ``u_l <- c_r(l) u_l`` with ``r(l)`` the leaf's route (:func:`route_of`):
+    ``u_l <- c_r(l) u_l`` with ``r(l)`` the leaf's route (:func:`~spectral_optax.expert.route_of`):
     hidden or output (read-out) matrices by role, else the geometry's kind
     (``'embedding'``, ``'vector'``, ``'elementwise'``). The multipliers are
     width-independent hyperparameters, tuned at the base width and kept

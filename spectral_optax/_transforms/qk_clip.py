@@ -3,7 +3,7 @@
 For an attention head ``h`` with query and key maps ``W_q^h, W_k^h`` (``d_in x d_h``
 each) the pre-softmax logit of positions ``i, j`` is
 ``s_ij = (x_i W_q^h + b_q^h) . (x_j W_k^h + b_k^h) / sqrt(d_h)``. Given the largest
-``S^h = max_ij |s_ij|`` of a step, :func:`qk_clip` multiplies ``W_q^h`` and ``W_k^h``
+``S^h = max_ij |s_ij|`` of a step, :func:`~spectral_optax.qk_clip` multiplies ``W_q^h`` and ``W_k^h``
 (and their biases) of the *new* parameters by ``sqrt(gamma_h)``,
 ``gamma_h = min(1, tau / S^h)``: the same inputs then give logits ``gamma_h s_ij``,
 at most ``tau``. Heads with ``S^h <= tau`` are left exactly as the optimizer moved them.
@@ -54,7 +54,7 @@ _SOURCES = ("logits", "bound")
 # Recording the logits.
 # --------------------------------------------------------------------------
 def attention_max_logits(query: jax.Array, key: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-    """Per-head ``max |q_i . k_j| / sqrt(d_h)`` over a batch: what :func:`qk_clip` reads.
+    """Per-head ``max |q_i . k_j| / sqrt(d_h)`` over a batch: what :func:`~spectral_optax.qk_clip` reads.
 
     Args:
       query: ``(..., T, N, d_h)`` (Flax's layout: batch dims, length, heads, head dim).
@@ -94,7 +94,7 @@ def collect_max_logits(intermediates: Any, name: str = MAX_LOGITS) -> dict[str, 
 
     Returns:
       ``{'blocks/attn': (layers..., N) array, ...}``: the ``max_logits=`` argument of
-      :func:`qk_clip` (stacked layers, from ``nn.scan`` / ``nnx.scan``, lead).
+      :func:`~spectral_optax.qk_clip` (stacked layers, from ``nn.scan`` / ``nnx.scan``, lead).
     """
     if isinstance(intermediates, Mapping) and "intermediates" in intermediates:
         intermediates = intermediates["intermediates"]
@@ -372,7 +372,7 @@ def qk_clip(
       attention: ``{attention path: AttentionSpec or dict}`` for models whose names do not
         tell where the query and key kernels are (default: found by name).
       source: ``'logits'`` (``S^h`` = the ``max_logits`` argument, as
-        :func:`collect_max_logits` returns it) or ``'bound'`` (``S^h`` = the weight-only bound
+        :func:`~spectral_optax.collect_max_logits` returns it) or ``'bound'`` (``S^h`` = the weight-only bound
         :func:`qk_logit_bound` of the new parameters, for models that cannot report logits).
       num_heads: query heads of attentions whose kernels and logits do not show them
         (``source='bound'`` with a fused ``(d, 3 d)`` kernel).

@@ -44,7 +44,7 @@ def scale_by_row_norm(
     ``p = 1`` is ``sign(G) / d_in``; ``p = 2`` is l2 normalization of each
     fan-in vector times ``d_in^(-1/2)``. Vectors (``d_in = 1``) become
     ``sign(g)``; an embedding table is normalized on its canonical view
-    (fan-in = vocabulary), which is rarely wanted: :func:`moga` routes
+    (fan-in = vocabulary), which is rarely wanted: :func:`~spectral_optax.moga` routes
     embeddings to ``sign`` instead. All-zero vectors stay zero.
 
     Args:
@@ -55,7 +55,7 @@ def scale_by_row_norm(
       fan_scaling: include the ``d_in^(-1/p)`` factor (False: unit ``l_{p*}``
         fan-in vectors, MOGA's output-head rule).
       axis_name: inside ``shard_map`` / ``pmap``, how the update blocks are
-        sharded (see :func:`orthogonalize_via_newton_schulz`).
+        sharded (see :func:`~spectral_optax.orthogonalize_via_newton_schulz`).
 
     Returns:
       A stateless ``optax.GradientTransformation``; dtypes are preserved
@@ -85,9 +85,9 @@ def scale_by_column_norm(
 
     Args:
       q: output norm exponent, ``1 < q <= inf``.
-      geometry: see :func:`scale_by_row_norm`.
+      geometry: see :func:`~spectral_optax.scale_by_row_norm`.
       fan_scaling: include the ``d_out^(1/q) / d_in`` factor.
-      axis_name: see :func:`scale_by_row_norm`.
+      axis_name: see :func:`~spectral_optax.scale_by_row_norm`.
 
     Returns:
       A stateless ``optax.GradientTransformation``.

@@ -49,14 +49,14 @@ def scale_by_fan_out_rms(
 
     The steepest-descent direction of an embedding table (one-hot inputs);
     for a vector (``d_in = 1``) the whole vector is scaled to RMS 1. This is
-    :func:`scale_by_spectral_norm`'s rule for embeddings and vectors, and
+    :func:`~spectral_optax.scale_by_spectral_norm`'s rule for embeddings and vectors, and
     ``muon``'s ``'normalize'`` route. Stateless; all-zero vectors stay zero.
 
     Args:
       geometry: anything :func:`spectral_optax.as_geometry_map` accepts
         (``None`` infers from Flax names).
       axis_name: inside ``shard_map`` / ``pmap``, how the update blocks are
-        sharded (see :func:`orthogonalize_via_newton_schulz`).
+        sharded (see :func:`~spectral_optax.orthogonalize_via_newton_schulz`).
 
     Returns:
       A stateless ``optax.GradientTransformationExtraArgs``; dtypes are
@@ -97,7 +97,7 @@ def scale_by_spectral_norm(
       initial_power_iterations: steps at the first update, from random vectors.
       geometry: geometry overrides, see :func:`spectral_optax.as_geometry_map`.
       axis_name: inside ``shard_map`` / ``pmap``, how the update blocks are
-        sharded (see :func:`orthogonalize_via_newton_schulz`); ``'frobenius'`` only.
+        sharded (see :func:`~spectral_optax.orthogonalize_via_newton_schulz`); ``'frobenius'`` only.
 
     Returns:
       An ``optax.GradientTransformation``.

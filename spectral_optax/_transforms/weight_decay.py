@@ -85,7 +85,7 @@ def decoupled_weight_decay(
     """Add ``-learning_rate * weight_decay * W`` to finished updates.
 
     For chaining *after* a complete optimizer (whose output already includes
-    ``-learning_rate``) and after :func:`depth_residual_scale`, so that the
+    ``-learning_rate``) and after :func:`~spectral_optax.depth_residual_scale`, so that the
     decay is not multiplied by ``alpha``: the result per leaf is
     ``-lr_t * (c * D(G) + weight_decay * W)``, exactly what the explicit-form
     optimizer with ``weight_decay`` does. Equivalent to
