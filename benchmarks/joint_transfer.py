@@ -90,6 +90,8 @@ def main(argv=None):
     p.add_argument("--num-lrs", type=int, default=None, help="LR-grid points (overrides the preset)")
     p.add_argument("--batch-size", type=int, default=None, help="batch size (overrides the preset)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--muon-head", choices=("muon", "adamw"), default="muon",
+                   help="route of Muon's output head (so.muon(output=...); default muon)")
     p.add_argument("--moga-head-base", type=float, default=None, metavar="W",
                    help="MOGA's width-consistent head (so.moga(head_base_width=W)) instead of the published one")
     _devices.add_arguments(p)
@@ -135,14 +137,15 @@ def main(argv=None):
 
     def factory(name):
         if name == "muon":
-            return lambda lr: so.muon(lr)
+            return lambda lr: so.muon(lr, output=args.muon_head)
         if name == "moga":
             return lambda lr: so.moga(lr, p=2.0, **moga_options)
         bases = {d: depth_family(BASE_WIDTH)(d).shapes() for d in cfg["depths"]}
         return lambda lr, size: so.mup_adamw(lr, base=bases[_decode(size)[1]])
 
     moga_options = {} if args.moga_head_base is None else {"head_base_width": args.moga_head_base}
-    moga_tag = "".join(f"-{k}={v}" for k, v in moga_options.items())
+    tags = {"moga": "".join(f"-{k}={v}" for k, v in moga_options.items()),
+            "muon": "" if args.muon_head == "muon" else f"-output={args.muon_head}"}
     sizes = [_code(w, d) for d in cfg["depths"] for w in cfg["widths"]]
     os.makedirs(args.out, exist_ok=True)
     stem = f"joint_transfer_{'gpt_' if gpt else ''}{preset}"
@@ -153,7 +156,7 @@ def main(argv=None):
         res = lab.sweep(family, factory(name), sizes, lab.lr_grid(centers[name], cfg["num_lrs"]), data,
                         steps=cfg["steps"], batch_size=cfg["batch_size"], seeds=list(range(args.seeds)),
                         results=results_path, size_name="config",
-                        name=f"joint{'/gpt' if gpt else ''}/{name}{moga_tag if name == 'moga' else ''}",
+                        name=f"joint{'/gpt' if gpt else ''}/{name}{tags.get(name, '')}",
                         schedule="warmup_cosine", eval_examples=1024, progress=not args.no_progress,
                         devices=devices)
         results[name] = res
@@ -183,7 +186,7 @@ def main(argv=None):
         "benchmark": "joint_transfer", "preset": preset, "model": args.model,
         "config": dict(cfg, data=data.name, seeds=args.seeds, schedule="warmup_cosine", base_blocks=2,
                        lr_centers={k: centers[k] for k in cfg["optimizers"]}, mup_base_width=BASE_WIDTH,
-                       moga_options=moga_options),
+                       moga_options=moga_options, muon_head=args.muon_head),
         "summary": summary, "table": table, "figure": fig,
         "runs": [r for res in results.values() for r in res.runs],
         "wall_s": time.time() - t0, "environment": environment(),
