@@ -40,7 +40,18 @@ default_embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", 
 
 
 class ResidualMLPBlock(nnx.Module):
-    """``h + multiplier * dense_1(relu(dense_0(h)))``; ``dense_1`` init times ``out_scale``."""
+    """``h + multiplier * dense_1(relu(dense_0(h)))``; ``dense_1`` init times ``out_scale``.
+
+    Args:
+      features: input and output width (the residual stream width).
+      hidden_features: inner width of the branch, the output width of ``dense_0`` (``None``: ``features``).
+      multiplier: branch multiplier ``m`` of ``h + m * f(h)``.
+      out_scale: factor on the init of ``dense_1`` (kernel and bias).
+      kernel_init: initializer of both kernels (``dense_1``'s times ``out_scale``).
+      dtype: computation dtype (``None``: inferred from the inputs and parameters).
+      param_dtype: dtype of the parameters.
+      rngs: ``nnx.Rngs`` of the initialization.
+    """
 
     def __init__(
         self,
@@ -72,7 +83,17 @@ class ResidualMLPBlock(nnx.Module):
 
 
 class MLPBranch(nnx.Module):
-    """``dense_1(gelu(dense_0(h)))``: the transformer's MLP branch."""
+    """``dense_1(gelu(dense_0(h)))``: the transformer's MLP branch.
+
+    Args:
+      features: input and output width (the residual stream width).
+      hidden_features: inner width, the output width of ``dense_0``.
+      out_scale: factor on the init of ``dense_1`` (kernel and bias).
+      kernel_init: initializer of both kernels (``dense_1``'s times ``out_scale``).
+      dtype: computation dtype (``None``: inferred from the inputs and parameters).
+      param_dtype: dtype of the parameters.
+      rngs: ``nnx.Rngs`` of the initialization.
+    """
 
     def __init__(
         self,
@@ -111,7 +132,18 @@ class FusedSelfAttention(nnx.Module):
     """Self-attention with one fused ``qkv`` Linear (``features -> 3 features``)
     and ``out`` (LinearGeneral over ``(heads, d_head)``): the twin of
     :class:`spectral_optax.nn.linen.FusedSelfAttention`, same parameter paths; ``record_max_logits``
-    sows the per-head max logits (``nnx.Intermediate`` ``max_logits``, under ``nnx.capture``)."""
+    sows the per-head max logits (``nnx.Intermediate`` ``max_logits``, under ``nnx.capture``).
+
+    Args:
+      features: input and output width; ``qkv`` maps it to ``3 * features``.
+      num_heads: attention heads, ``d_head = features / num_heads`` (``ValueError`` unless it divides ``features``).
+      kernel_init: initializer of the ``qkv`` kernel.
+      out_kernel_init: initializer of the ``out`` kernel.
+      record_max_logits: sow the per-head max logits, shape ``(num_heads,)``, at every call.
+      dtype: computation dtype (``None``: inferred from the inputs and parameters).
+      param_dtype: dtype of the parameters.
+      rngs: ``nnx.Rngs`` of the initialization.
+    """
 
     def __init__(
         self,
@@ -153,6 +185,20 @@ class TransformerBlock(nnx.Module):
     ``qkv='split'`` uses ``nnx.MultiHeadAttention`` (``attn/{query,key,value,out}``),
     ``qkv='fused'`` :class:`FusedSelfAttention` (``attn/{qkv,out}``). ``record_max_logits=True``:
     the attention sows its per-head max logits (``attn/max_logits``; off by default, no cost when off).
+
+    Args:
+      features: residual width.
+      num_heads: attention heads (must divide ``features``).
+      mlp_ratio: inner width of the MLP branch, ``mlp_ratio * features``.
+      multiplier: branch multiplier ``m`` of both branches.
+      out_scale: factor on the init of the branch-last layers ``attn/out`` and ``mlp/dense_1``.
+      causal: apply a causal mask (inputs ``(batch, seq, features)``).
+      qkv: ``'split'`` (``attn/{query,key,value,out}``) or ``'fused'`` (``attn/{qkv,out}``).
+      record_max_logits: the attention sows its per-head max logits (``attn/max_logits``).
+      kernel_init: initializer of every kernel (``attn/out`` and ``mlp/dense_1`` times ``out_scale``).
+      dtype: computation dtype (``None``: inferred from the inputs and parameters).
+      param_dtype: dtype of the parameters.
+      rngs: ``nnx.Rngs`` of the initialization.
     """
 
     def __init__(
@@ -254,16 +300,21 @@ class ResidualMLP(nnx.Module):
     K stacked :class:`ResidualMLPBlock` (``h + alpha * f(h)``), ``head``.
 
     Args:
-      in_features: input width (for token inputs: the context length).
-      features: residual width; num_blocks: K; out_features: head width.
-      base_blocks: K_base; ``alpha = (base_blocks / num_blocks) ** exponent``
-        unless given.
-      alpha: branch multiplier override (``1.0``: unscaled baseline).
-      exponent: ``a`` of the rule (1: inverse depth; 0.5: Depth-muP).
-      absorbed: unit multiplier, ``alpha``-scaled init of ``dense_1``.
-      hidden_features: branch inner width (default ``features``).
-      vocab_size: if set, integer inputs ``(..., in_features)`` are embedded
-        and flattened before ``input_proj``.
+      in_features: input width (with ``vocab_size``: the number of tokens per input).
+      features: residual width.
+      num_blocks: ``K``, the number of blocks.
+      out_features: head width (classes / vocabulary).
+      base_blocks: ``K_base``; ``alpha = (base_blocks / num_blocks) ** exponent`` unless ``alpha`` is given.
+      alpha: branch multiplier used instead of the rule (``1.0``: the unscaled baseline).
+      exponent: ``a`` of the rule (1: inverse depth; 0.5: Depth-muP's ``1 / sqrt(K)``).
+      absorbed: unit multiplier; the init of ``dense_1`` (kernel and bias) times ``alpha``.
+      hidden_features: branch inner width (``None``: ``features``).
+      vocab_size: if set, integer inputs ``(..., in_features)`` are embedded (``embed``, width ``features``)
+        and flattened to ``in_features * features`` before ``input_proj``.
+      kernel_init: initializer of every kernel (``input_proj``, the blocks', ``head``).
+      dtype: computation dtype (``None``: inferred from the inputs and parameters).
+      param_dtype: dtype of the parameters.
+      rngs: ``nnx.Rngs`` of the initialization.
     """
 
     def __init__(
@@ -321,6 +372,26 @@ class Transformer(nnx.Module):
     ``qkv='split' | 'fused'``; ``embedding_init`` for both tables; ``record_max_logits``: every
     attention sows its per-head max logits (``nnx.capture(model, nnx.Intermediate)``, then
     :func:`spectral_optax.collect_max_logits`).
+
+    Args:
+      vocab_size: vocabulary size: rows of ``embed``, width of ``head``.
+      features: residual width.
+      num_blocks: ``K``, the number of blocks.
+      num_heads: attention heads per block (must divide ``features``).
+      max_len: rows of ``pos_embed``, the longest sequence accepted.
+      mlp_ratio: inner width of the MLP branches, ``mlp_ratio * features``.
+      base_blocks: ``K_base``; ``alpha = (base_blocks / num_blocks) ** exponent`` unless ``alpha`` is given.
+      alpha: branch multiplier used instead of the rule (``1.0``: the unscaled baseline).
+      exponent: ``a`` of the rule (1: inverse depth; 0.5: Depth-muP's ``1 / sqrt(K)``).
+      absorbed: unit multiplier; the init of ``attn/out`` and ``mlp/dense_1`` times ``alpha``.
+      scan: one ``blocks`` stack with a leading layer axis (``True``) or ``blocks_0 .. blocks_{K-1}``.
+      qkv: ``'split'`` or ``'fused'`` attention projections (see :class:`TransformerBlock`).
+      record_max_logits: every attention sows its per-head max logits.
+      kernel_init: initializer of every kernel (``head`` and the blocks').
+      embedding_init: initializer of ``embed`` and ``pos_embed`` (default: normal, variance ``1 / features``).
+      dtype: computation dtype (``None``: inferred from the inputs and parameters).
+      param_dtype: dtype of the parameters.
+      rngs: ``nnx.Rngs`` of the initialization.
     """
 
     def __init__(
@@ -382,7 +453,17 @@ class Transformer(nnx.Module):
 
 
 class ResNetBlock(nnx.Module):
-    """Twin of :class:`spectral_optax.nn.linen.ResNetBlock` (same paths and function)."""
+    """Twin of :class:`spectral_optax.nn.linen.ResNetBlock` (same paths and function).
+
+    Args:
+      features: channels of the input and the output (3x3 convolutions, constant width and resolution).
+      multiplier: branch multiplier ``m`` of ``h + m * f(h)``.
+      out_scale: factor on the init of ``conv_1`` (kernel and bias).
+      kernel_init: initializer of both conv kernels (``conv_1``'s times ``out_scale``).
+      dtype: computation dtype (``None``: inferred from the inputs and parameters).
+      param_dtype: dtype of the parameters.
+      rngs: ``nnx.Rngs`` of the initialization.
+    """
 
     def __init__(
         self,
@@ -418,7 +499,22 @@ class ResNet(nnx.Module):
     """Twin of :class:`spectral_optax.nn.linen.ResNet` (same paths and function):
     ``conv_in``, three stages of K :class:`ResNetBlock` at widths
     ``features * (1, 2, 4)`` with stride-2 ``conv_down_{s}`` between them,
-    ``ln_final``, global average pooling, ``head``."""
+    ``ln_final``, global average pooling, ``head``.
+
+    Args:
+      in_channels: channels ``C`` of the input images ``(batch, H, W, C)``.
+      features: width of stage 0 (the stages: ``features * (1, 2, 4)``).
+      num_blocks: ``K``, blocks per stage.
+      num_classes: head width.
+      base_blocks: ``K_base``; ``alpha = (base_blocks / num_blocks) ** exponent`` unless ``alpha`` is given.
+      alpha: branch multiplier used instead of the rule (``1.0``: the unscaled baseline).
+      exponent: ``a`` of the rule (1: inverse depth; 0.5: Depth-muP's ``1 / sqrt(K)``).
+      absorbed: unit multiplier; the init of every block's ``conv_1`` (kernel and bias) times ``alpha``.
+      kernel_init: initializer of every kernel (the convolutions', ``head``).
+      dtype: computation dtype (``None``: inferred from the inputs and parameters).
+      param_dtype: dtype of the parameters.
+      rngs: ``nnx.Rngs`` of the initialization.
+    """
 
     def __init__(
         self,
@@ -469,6 +565,7 @@ class ResNet(nnx.Module):
             for k in range(self.num_blocks):
                 h = getattr(self, f"stage_{s}_blocks_{k}")(h)
         return self.head(jax.nn.relu(self.ln_final(h)).mean(axis=(1, 2)))
+
 
 __all__ = [
     "MLPBranch",
