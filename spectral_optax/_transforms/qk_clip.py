@@ -373,7 +373,7 @@ def qk_clip(
         tell where the query and key kernels are (default: found by name).
       source: ``'logits'`` (``S^h`` = the ``max_logits`` argument, as
         :func:`~spectral_optax.collect_max_logits` returns it) or ``'bound'`` (``S^h`` = the weight-only bound
-        :func:`qk_logit_bound` of the new parameters, for models that cannot report logits).
+        :func:`~spectral_optax.diagnostics.qk_logit_bound` of the new parameters, for models that cannot report logits).
       num_heads: query heads of attentions whose kernels and logits do not show them
         (``source='bound'`` with a fused ``(d, 3 d)`` kernel).
       input_norm: the input-norm bound of ``source='bound'`` (default ``sqrt(d_in)``).
