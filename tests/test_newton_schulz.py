@@ -15,6 +15,8 @@ import spectral_optax as so
 
 # The package exports the function `newton_schulz`, which shadows the module name.
 import spectral_optax._duals.polar as ns_mod
+import spectral_optax._duals.polar.iteration as ns_iteration
+import spectral_optax._duals.polar.policy as ns_policy
 from spectral_optax._duals.polar import (
     newton_schulz,
     optimal_quintic,
@@ -173,19 +175,19 @@ def test_gram_variant_matches_standard_f32(shape):
 
 
 def test_auto_method_picks_gram_only_when_cheaper_and_accurate():
-    assert ns_mod._use_gram("auto", 768, 3072, 5, jnp.float32)
-    assert ns_mod._use_gram("auto", 3072, 768, 5, jnp.float32)
-    assert not ns_mod._use_gram("auto", 768, 768, 5, jnp.float32)
+    assert ns_policy._use_gram("auto", 768, 3072, 5, jnp.float32)
+    assert ns_policy._use_gram("auto", 3072, 768, 5, jnp.float32)
+    assert not ns_policy._use_gram("auto", 768, 768, 5, jnp.float32)
     # float16: with one restart (4 steps: 52 / 72 of the standard flops), not at 5 steps (70 / 90).
-    assert ns_mod._use_gram("auto", 768, 3072, 4, jnp.float16)
-    assert not ns_mod._use_gram("auto", 768, 3072, 5, jnp.float16)
+    assert ns_policy._use_gram("auto", 768, 3072, 4, jnp.float16)
+    assert not ns_policy._use_gram("auto", 768, 3072, 5, jnp.float16)
     # ... nor for long schedules (Polar Express 8: measured 0.84 on real gradients in float16).
-    assert not ns_mod._use_gram("auto", 768, 50304, 8, jnp.float16)
-    assert ns_mod._use_gram("auto", 768, 50304, 5, jnp.float16)
+    assert not ns_policy._use_gram("auto", 768, 50304, 8, jnp.float16)
+    assert ns_policy._use_gram("auto", 768, 50304, 5, jnp.float16)
     # bfloat16: the restarts it needs leave < 25% to save.
     for steps in (4, 5, 8):
-        assert not ns_mod._use_gram("auto", 768, 3072, steps, jnp.bfloat16)
-        assert not ns_mod._use_gram("auto", 768, 50304, steps, jnp.bfloat16)
+        assert not ns_policy._use_gram("auto", 768, 3072, steps, jnp.bfloat16)
+        assert not ns_policy._use_gram("auto", 768, 50304, steps, jnp.bfloat16)
 
 
 @pytest.mark.parametrize(
@@ -242,10 +244,10 @@ def test_float32_iteration_runs_at_highest_precision_even_under_a_lower_default(
 
 
 def _emulated_gpu_dot(orig):
-    """``polar._dot`` as a GPU computes it: TF32 operands unless Precision.HIGHEST."""
+    """``iteration._dot`` as a GPU computes it: TF32 operands unless Precision.HIGHEST."""
 
     def dot(x, y, cx, cy, precision):
-        if x.dtype == jnp.float32 and not ns_mod._is_full_precision(precision):
+        if x.dtype == jnp.float32 and not ns_policy._is_full_precision(precision):
             x, y = tf32_round(x), tf32_round(y)
         return orig(x, y, cx, cy, precision)
 
@@ -257,7 +259,7 @@ def test_emulated_tf32_gram_fails_and_defaults_hold(monkeypatch):
     Express iteration without restarts leaves the 0.02 band around 1 (or
     overflows); its default restarts at TF32 (every 2 steps) and the defaults
     (float32 at HIGHEST, 'auto') keep it within 1e-3 even there."""
-    monkeypatch.setattr(ns_mod, "_dot", _emulated_gpu_dot(ns_mod._dot))
+    monkeypatch.setattr(ns_iteration, "_dot", _emulated_gpu_dot(ns_iteration._dot))
     rng = np.random.default_rng(1)
     for shape in [(32, 96), (96, 32)]:
         g = _random_matrix(rng, *shape, 1e2)
@@ -276,7 +278,7 @@ def test_emulated_tf32_gram_fails_and_defaults_hold(monkeypatch):
 
 
 def test_simulated_gpu_defaults_and_user_function_dtype(monkeypatch):
-    monkeypatch.setattr(ns_mod, "_platform", lambda: "gpu")
+    monkeypatch.setattr(ns_policy, "_platform", lambda: "gpu")
     assert ns_mod.default_compute_dtype() == jnp.bfloat16
     assert ns_mod.user_function_dtype() == jnp.float32
     assert ns_mod.user_function_dtype(jnp.float64) == jnp.float64

@@ -174,15 +174,13 @@ for name in grads:
 
 # Squares sharded on their rows (FSDP P('data', None), and a stacked one), split over owner groups
 # of 4 (the cost model told that collectives are free): taken transposed, equal to one device.
-import spectral_optax._plan as plan_module
-plan_module.FLOPS_PER_BYTE = 0.0
 squares = {"sq0": (256, 256), "sq1": (256, 256), "scan": (2, 256, 256)}
 grads = {k: {"kernel": jax.random.normal(jax.random.key(i + 10), s)} for i, (k, s) in enumerate(squares.items())}
 geometry = {r"scan/kernel$": dict(kind="matrix", fan_in_axes=(-2,), fan_out_axes=(-1,))}
 specs = {"sq0": P("data", None), "sq1": P("data", None), "scan": P(None, "data", None)}
 sharded = {k: {"kernel": jax.device_put(v["kernel"], NamedSharding(mesh, specs[k]))} for k, v in grads.items()}
-tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0, geometry=geometry)
-group = so.expert.orthogonalization_plan(sharded, ns_method="standard", geometry=geometry).groups[0]
+tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0, geometry=geometry, flops_per_byte=0.0)
+group = so.expert.orthogonalization_plan(sharded, ns_method="standard", geometry=geometry, flops_per_byte=0.0).groups[0]
 assert (group.split, group.owners) == (4, 4), group
 with jax.set_mesh(mesh):
     got, _ = jax.jit(tx.update)(sharded, None)
@@ -474,7 +472,7 @@ import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 import spectral_optax as so
 from spectral_optax._duals.polar import MUON_QUINTIC
-from spectral_optax._plan import split_block_flops
+from spectral_optax._distributed.plan import split_block_flops
 
 mesh = jax.make_mesh((16,), ("data",))
 grads = {"a": {"kernel": jax.random.normal(jax.random.key(0), (128, 3000))},

@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCOPE = [
     "spectral_optax/_duals/row_column.py",
     "spectral_optax/_transforms/*",
+    "spectral_optax/_distributed/execute.py",  # the plan's execution (in _transforms/orthogonalize.py until issue 30)
     "spectral_optax/_optimizers/*",
 ]
 

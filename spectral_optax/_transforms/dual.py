@@ -13,14 +13,7 @@ from collections.abc import Callable
 import jax
 import optax
 
-from spectral_optax._geometry import (
-    GeometryLike,
-    as_geometry_map,
-    from_matrix,
-    map_with_geometry,
-    to_matrix,
-)
-from spectral_optax._sharding import (
+from spectral_optax._distributed.mesh import (
     AxisName,
     aval_mesh,
     blocks_local,
@@ -30,6 +23,13 @@ from spectral_optax._sharding import (
     manual_axes,
     mesh_size,
 )
+from spectral_optax._geometry import (
+    GeometryLike,
+    as_geometry_map,
+    from_matrix,
+    map_with_geometry,
+    to_matrix,
+)
 
 
 def dual_map_transform(
@@ -37,7 +37,7 @@ def dual_map_transform(
 ) -> optax.GradientTransformationExtraArgs:
     """A stateless ``GradientTransformation`` applying ``dual`` per leaf on the canonical view.
 
-    ``axis_name`` (inside ``shard_map`` / ``pmap``): see ``spectral_optax._sharding.gathered``."""
+    ``axis_name`` (inside ``shard_map`` / ``pmap``): see ``spectral_optax._distributed.mesh.gathered``."""
     gmap = as_geometry_map(geometry)
 
     def leaf(g, u):  # on Explicit meshes under auto_axes: fused-block reshapes of sharded axes

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from spectral_optax._distributed.mesh import AxisName, gathered
 from spectral_optax._duals.embedding import normalize_fan_out_rms
 from spectral_optax._duals.spectral import frobenius_normalize, spectral_normalize_power
 from spectral_optax._geometry import (
@@ -36,7 +37,6 @@ from spectral_optax._geometry import (
     map_with_geometry,
     to_matrix,
 )
-from spectral_optax._sharding import AxisName, gathered
 from spectral_optax._transforms.dual import dual_map_transform
 
 METHODS = ("frobenius", "power")

@@ -16,7 +16,7 @@ iteration, :func:`spectral_optax.newton_schulz`): ``4 m^2 c + 2 m^3`` flops
 (Gram, its square, the update), so a split divides only the first term. The
 plan picks, per group, the ``k`` minimizing::
 
-    flops(k) + FLOPS_PER_BYTE * gram_bytes(k),
+    flops(k) + f * gram_bytes(k),
     flops(k)      = ceil(B k / N) * (whole-matrix flops          if k = 1,
                                      steps 6 m^2 c                   if k > 1 and c < m,
                                      steps (4 m^2 c + 2 m^3)         otherwise),
@@ -25,7 +25,8 @@ plan picks, per group, the ``k`` minimizing::
 with ``c = ceil(n / k)`` for ``k = N`` and ``c = ceil(n / N) N / k`` for ``1 < k < N`` (the
 columns zero-padded to a multiple of ``N``, so that one all-to-all over the owner groups deals
 the blocks), the all-reduce sending the upper triangle of each symmetric Gram matrix only
-(:func:`spectral_optax.psum_symmetric`).
+(:func:`spectral_optax.expert.psum_symmetric`), and ``f`` the flops one byte through a
+collective is worth on the platform (``flops_per_byte``; :func:`default_flops_per_byte`).
 
 A split group runs under ``shard_map`` (over every device for ``k = N``, else on
 the devices viewed as an ``(N / k, k)`` mesh, the Gram sums over each owner
@@ -54,12 +55,69 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
-from spectral_optax._duals.polar import newton_schulz_flops
+import jax
 
-#: Flops worth one byte through a collective: about an H100's dense bfloat16
-#: rate (~1e15 flop/s) over its NVLink bandwidth per direction (~450 GB/s).
-FLOPS_PER_BYTE = 2000.0
+from spectral_optax._duals.polar.policy import newton_schulz_flops
+
+__all__ = [
+    "FLOPS_PER_BYTE_BY_KIND",
+    "GroupPlan",
+    "OrthogonalizationPlan",
+    "default_flops_per_byte",
+    "pack_groups",
+    "plan_group",
+]
+
+#: Flops one byte through a collective is worth, per device kind: the chip's peak dense rate in
+#: the iteration's accelerator dtype (bfloat16; float32 on a CPU) over its interconnect bandwidth
+#: per direction (what a Gram all-reduce's bytes cross), both from the vendor's spec sheet.
+#: Keys are matched, in order, as substrings of ``device_kind.lower()``; the ``platform`` keys
+#: (``'gpu'``, ``'tpu'``, ``'cpu'``) are the fallbacks for a kind not listed.
+#:
+#: * NVIDIA H100 / H200 SXM: 989 TFLOP/s bfloat16 dense over NVLink 4's 450 GB/s per direction
+#:   (900 GB/s total), 2198 (NVIDIA H100 and H200 datasheets); also the ``'gpu'`` fallback;
+#: * NVIDIA A100 SXM: 312 TFLOP/s bfloat16 dense over NVLink 3's 300 GB/s per direction
+#:   (600 GB/s total), 1040 (NVIDIA A100 datasheet);
+#: * TPU v5e (``device_kind`` ``'TPU v5 lite'``): 197 TFLOP/s bfloat16 over 1600 Gbit/s = 200 GB/s
+#:   of ICI per direction (400 GB/s bidirectional), 985 (Cloud TPU v5e system architecture page);
+#: * TPU v5p (``'TPU v5'``): 459 TFLOP/s bfloat16 over 4800 Gbit/s = 600 GB/s of ICI, 765 (Cloud
+#:   TPU v5p system architecture page); also the ``'tpu'`` fallback;
+#: * CPU: a 96-core AMD EPYC 9654 socket, 7.4 TFLOP/s float32 (96 cores x 2.4 GHz x 32 float32
+#:   flops per cycle, AVX-512 on two 256-bit FMA pipes) over a 200 Gbit/s = 25 GB/s host NIC (the
+#:   collectives of a multi-host CPU job), 295. Host devices of one process
+#:   (``--xla_force_host_platform_device_count``) copy through memory instead; the figure is the
+#:   multi-host one.
+FLOPS_PER_BYTE_BY_KIND: dict[str, float] = {
+    "h100": 989e12 / 450e9,
+    "h200": 989e12 / 450e9,
+    "a100": 312e12 / 300e9,
+    "v5 lite": 197e12 / 200e9,
+    "v5e": 197e12 / 200e9,
+    "v5p": 459e12 / 600e9,
+    "v5": 459e12 / 600e9,
+    "gpu": 989e12 / 450e9,
+    "tpu": 459e12 / 600e9,
+    "cpu": 7.4e12 / 25e9,
+}
+
+
+def default_flops_per_byte(device: Any = None) -> float:
+    """The :data:`FLOPS_PER_BYTE_BY_KIND` figure of ``device`` (default ``jax.devices()[0]``): its
+    ``device_kind``'s row when one matches, else its ``platform``'s (the GPU figure for an
+    unknown platform).
+
+    Args:
+      device: a ``jax.Device`` (anything with ``platform`` and ``device_kind``), or ``None``.
+    """
+    device = jax.devices()[0] if device is None else device
+    kind = str(getattr(device, "device_kind", "")).lower()
+    for key, value in FLOPS_PER_BYTE_BY_KIND.items():
+        if key not in ("gpu", "tpu", "cpu") and key in kind:
+            return value
+    platform = str(getattr(device, "platform", "gpu")).lower()
+    return FLOPS_PER_BYTE_BY_KIND.get(platform, FLOPS_PER_BYTE_BY_KIND["gpu"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,11 +172,11 @@ class GroupPlan:
 
 @dataclasses.dataclass(frozen=True)
 class OrthogonalizationPlan:
-    """The whole-tree plan: one :class:`GroupPlan` per shape group; ``print(plan)`` shows it.
+    """The whole-tree plan: one :class:`~spectral_optax.expert.GroupPlan` per shape group; ``print(plan)`` shows it.
 
     Attributes:
       devices: number ``N`` of devices the work is spread over.
-      groups: one :class:`GroupPlan` per group of same-shape matrices.
+      groups: one :class:`~spectral_optax.expert.GroupPlan` per group of same-shape matrices.
     """
 
     devices: int
@@ -177,6 +235,7 @@ def plan_group(
     move_itemsize: int,
     paths: tuple[str, ...] = (),
     restarts: tuple[int, ...] = (),
+    flops_per_byte: float | None = None,
 ) -> GroupPlan:
     """The cheapest split ``k`` of one group (module docstring); ``steps=None``
     (a user orthogonalization function) allows whole matrices only.
@@ -192,7 +251,10 @@ def plan_group(
       move_itemsize: bytes per element of the moved matrices.
       paths: parameter paths, for printing.
       restarts: the Gram-space restarts of the whole-matrix iteration (``method='gram'``).
+      flops_per_byte: flops one byte through the Gram all-reduce is worth (``None``:
+        :func:`default_flops_per_byte`).
     """
+    fpb = default_flops_per_byte() if flops_per_byte is None else float(flops_per_byte)
     whole = newton_schulz_flops(m, n, steps, method, restarts=restarts) if steps else 0
     best: tuple[float, int, GroupPlan] | None = None
     for k in range(1, min(devices, n) + 1):
@@ -210,7 +272,7 @@ def plan_group(
             gram, meth = float(per * steps * triangle(m) * compute_itemsize), "standard"
         move = float(2 * math.ceil(count * m * n / devices) * move_itemsize)
         plan = GroupPlan(m, n, count, k, owners, meth, flops, float(count * whole), gram, move, paths)
-        score = flops + FLOPS_PER_BYTE * gram
+        score = flops + fpb * gram
         if best is None or (score, k) < best[:2]:
             best = (score, k, plan)
     assert best is not None
@@ -226,7 +288,7 @@ def columns_multiple(split: int, devices: int) -> int:
 
 def triangle(m: int) -> int:
     """Elements of the upper triangle of an ``m x m`` matrix, diagonal included: what one
-    Gram all-reduce sends per matrix (:func:`spectral_optax.psum_symmetric`)."""
+    Gram all-reduce sends per matrix (:func:`spectral_optax.expert.psum_symmetric`)."""
     return m * (m + 1) // 2
 
 
@@ -238,7 +300,13 @@ def split_block_flops(m: int, cols: int, steps: int) -> int:
 
 
 def pack_groups(
-    plans: dict, devices: int, *, steps: int | None, compute_itemsize: int, whole_methods: dict | None = None
+    plans: dict,
+    devices: int,
+    *,
+    steps: int | None,
+    compute_itemsize: int,
+    whole_methods: dict | None = None,
+    flops_per_byte: float | None = None,
 ) -> dict:
     """``plans`` (``{(m, n): GroupPlan}``) with a split group and a group of whole matrices of
     its block shape sharing one stack where that costs less (module docstring, "Packing"); at
@@ -251,9 +319,11 @@ def pack_groups(
       compute_itemsize: bytes per element of the iteration's dtype (the Gram all-reduces).
       whole_methods: ``{(m, n): method}``, the whole-matrix iteration of each group (default:
         each plan's ``method``), run by a packed group.
+      flops_per_byte: as in :func:`plan_group`.
     """
     if not steps:
         return plans
+    fpb = default_flops_per_byte() if flops_per_byte is None else float(flops_per_byte)
     plans = dict(plans)
     best = []
     for a in plans.values():
@@ -268,7 +338,7 @@ def pack_groups(
         whole = b.whole_flops / b.count
         flops = float(per * max(split_block_flops(a.m, cols, steps), whole))
         gram = float(per * steps * triangle(a.m) * compute_itemsize)
-        gain = a.flops + b.flops + FLOPS_PER_BYTE * (a.gram_bytes + b.gram_bytes) - flops - FLOPS_PER_BYTE * gram
+        gain = a.flops + b.flops + fpb * (a.gram_bytes + b.gram_bytes) - flops - fpb * gram
         if gain > 0:
             best.append((-gain, (a.m, a.n), (b.m, b.n), flops, gram))
     for _, ka, kb, flops, gram in sorted(best):

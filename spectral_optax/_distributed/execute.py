@@ -1,0 +1,467 @@
+"""Distributed execution of the orthogonalization plan (docs/sharding.md).
+
+:func:`run_plan` runs every shape group of the tree as its
+:class:`~spectral_optax._distributed.plan.GroupPlan` says, on the devices of the updates' mesh
+(jit with ``NamedSharding``). A group's matrices are stacked in their wide form (``m <= n``;
+``NS(G^T) = NS(G)^T``), then
+
+* whole matrices (``k = 1``) are constrained to ``P(owners)`` on the devices viewed as
+  ``(N, 1)``, so XLA moves each to its owner and back; a group tiled over two mesh axes goes
+  by one all-to-all each way (:func:`_owned_from_tiles`);
+* split matrices (``k > 1``) run under ``shard_map``, their columns cut over the ``k`` devices
+  of an owner group and the short-side Gram matrix summed over them every step
+  (:func:`~spectral_optax.newton_schulz` with ``axis_name``;
+  :func:`_split_everywhere`, :func:`_split_in_groups`), a pack of whole matrices riding in a
+  split group's stack (:func:`_packed`).
+
+Any permutation of rows or columns, of matrices in a stack and zero padding leave the
+iteration's result unchanged (``NS(P G Q) = P NS(G) Q`` for permutations; zero columns add
+nothing to the Gram matrix or the norms), which is what lets the layout be chosen for the
+collectives. ``orthogonalize(stack, method=None, axis_name=None)`` is the transform's
+batched iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.shard_alike import shard_alike
+from jax.sharding import PartitionSpec as P
+
+from spectral_optax._distributed.mesh import blocks_local, spec_axes
+from spectral_optax._distributed.plan import columns_multiple
+from spectral_optax._duals.polar.policy import default_compute_dtype
+from spectral_optax._geometry import Geometry, from_matrix, to_matrix
+
+__all__ = ["from_wide", "run_plan", "to_wide"]
+
+_GET_CONCRETE_MESH: Callable[[], Any] | None
+try:  # no public accessor in JAX 0.10 (see _concrete_mesh)
+    from jax._src import mesh as _jax_mesh
+
+    _GET_CONCRETE_MESH = _jax_mesh.get_concrete_mesh
+except (ImportError, AttributeError):  # pragma: no cover  (tests/test_distributed_mesh.py fails on the supported JAX)
+    _GET_CONCRETE_MESH = None
+
+
+def to_wide(x, g: Geometry, matrix: bool = False):
+    """The canonical view ``(num_slices, d_in, d_out)`` (``x`` itself if ``matrix``), transposed to ``m <= n``."""
+    m = x if matrix else to_matrix(x, g)
+    return jnp.swapaxes(m, 1, 2) if g.d_in > g.d_out else m
+
+
+def from_wide(block, g: Geometry, factor, dtype, join=None):
+    """``factor * block`` (wide; ``factor`` a number or an array) back in the leaf's shape and
+    dtype (by ``join`` when given)."""
+    block = (block.astype(jnp.promote_types(block.dtype, jnp.float32)) * factor).astype(dtype)
+    if join is not None:
+        return join(block)
+    if g.d_in > g.d_out:
+        block = jnp.swapaxes(block, 1, 2)
+    return from_matrix(block, g)
+
+
+def _move_dtype(dtype, compute_dtype, coefficients):
+    """Matrices travel in the iteration's dtype when it is narrower (bfloat16 on GPU/TPU)."""
+    if callable(coefficients):
+        return dtype
+    cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else jnp.dtype(default_compute_dtype())
+    return cdtype if cdtype.itemsize < jnp.dtype(dtype).itemsize else dtype
+
+
+def run_plan(
+    groups, plan, leaves, orthogonalize, scale_of, compute_dtype, coefficients, specs=None, mesh=None, axes=()
+):
+    """Every group orthogonalized as its plan says; the finished leaves, in ``groups`` order, each
+    scaled by ``scale_of(geometry)`` (the transform's factor of that leaf).
+
+    A group's wide matrices are stacked to ``(B, m, n)`` (:func:`_stage`), zero-padded to ``B'``
+    (a multiple of the ``N / k`` owner groups) and ``n'`` (a multiple of ``k``, of ``N`` when
+    ``1 < k < N``, for the deal of :func:`_split_in_groups`; zero columns stay zero and change
+    neither the Gram matrix nor the norms). Whole matrices
+    (``k = 1``) are constrained to ``P(owners)`` on the devices viewed as ``(N, 1)``: XLA moves
+    every matrix to its owner (all-to-all from FSDP / tensor-parallel layouts) and back
+    (``shard_alike`` with the input; on ``Explicit`` meshes the leaf's ``PartitionSpec`` as the
+    output sharding); a group of whole matrices tiled over two mesh axes goes to its owners and
+    back by one all-to-all each way (:func:`_owned_from_tiles`). A split group (``k > 1``) runs
+    under ``shard_map``: over every device when it has one owner group
+    (:func:`_split_everywhere`), else over the devices viewed as an ``(N / k, k)`` mesh with the
+    Gram sums over each owner group's ``k`` devices (:func:`_split_in_groups`), which also runs a
+    pack (:func:`~spectral_optax._distributed.plan.pack_groups`: the packed group's matrices ``k`` side by
+    side in a unit whose Gram matrices are not summed, :func:`_packed`). Fused-fan-out leaves of
+    one geometry and layout are cut into their blocks as one stack (:func:`_fused_local`,
+    :func:`_fused_units`).
+    """
+    it, spec_it = iter(leaves), iter(specs or [None] * len(leaves))
+    staged = {}
+    for key, members in groups.items():
+        xs = [next(it) for _ in members]
+        ss = [next(spec_it) for _ in members]
+        staged[key] = _stage(plan[key], members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axes)
+    done: dict = {}
+    for key in groups:
+        gp, (stacked, tiles, _) = plan[key], staged[key]
+        if gp.packed_with is not None:
+            if gp.split > 1:
+                other = plan[gp.packed_with]
+                done[key], done[gp.packed_with] = _packed(
+                    stacked, staged[gp.packed_with][0], gp, other.method, orthogonalize, mesh, axes
+                )
+            continue
+        total, n = stacked.shape[0], stacked.shape[2]
+        multiple = columns_multiple(gp.split, gp.owners * gp.split) if mesh is not None else gp.split
+        pad_b, pad_n = -total % gp.owners, -n % multiple
+        if pad_b or pad_n:
+            stacked = jnp.pad(stacked, ((0, pad_b), (0, 0), (0, pad_n)))
+        if tiles:
+            ortho = _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles[:2])
+        elif gp.split > 1 and gp.owners == 1 and mesh is not None:
+            ortho = _split_everywhere(stacked, orthogonalize, mesh, axes)
+        elif gp.split > 1 and mesh is not None:
+            ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, gp.split)
+        else:
+            view = jax.sharding.AbstractMesh(
+                (gp.owners, gp.split), ("_owners", "_split"), axis_types=(jax.sharding.AxisType.Auto,) * 2
+            )
+            owned = jax.sharding.NamedSharding(view, P("_owners", None, "_split" if gp.split > 1 else None))
+            stacked = jax.lax.with_sharding_constraint(stacked, owned)
+            ortho = orthogonalize(stacked, gp.method if gp.split > 1 else None)
+            ortho = jax.lax.with_sharding_constraint(ortho, owned)
+        done[key] = ortho[:total, :, :n] if pad_b or pad_n else ortho
+    return tuple(y for key in groups for y in staged[key][2](done[key]))
+
+
+def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axes):
+    """One group's matrices stacked in their wide form on the way to their owners:
+    ``(stacked (B, m, n), tiles, finish)``, ``tiles`` the common 2-D tiling
+    (:func:`_common_tiling`) or ``None`` and ``finish(ortho)`` the finished leaves from the
+    orthogonalized stack (each scaled by its own factor, back in its layout and dtype)."""
+    devices = gp.owners * gp.split
+    units = _fused_units(xs, members, ss)  # fused leaves of one layout: one cut for all
+    unit_x = [xs[u[0]] if len(u) == 1 else jnp.stack([xs[i] for i in u]) for u in units]
+    unit_g = [members[u[0]][1] if len(u) == 1 else _stacked(members[u[0]][1], len(u)) for u in units]
+    unit_s = [ss[u[0]] if len(u) == 1 or ss[u[0]] is None else P(None, *ss[u[0]]) for u in units]
+    local = [_fused_local(g, mesh, axes, devices) for g in unit_g]
+    if any(len(u) > 1 and cut is None for u, (cut, _) in zip(units, local)):  # no local cut: leaf by leaf
+        units = [[i] for i in range(len(xs))]
+        unit_x, unit_g, unit_s = list(xs), [g for _, g in members], list(ss)
+        local = [_fused_local(g, mesh, axes, devices) for g in unit_g]
+    tiles = _common_tiling(members, ss, axes) if gp.split == 1 and gp.packed_with is None and mesh is not None else None
+    if tiles:  # a 2-D tiling, moved to the owners and back by one all-to-all each way
+        unit_s = [None] * len(units)
+    mats = [
+        _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices)
+        for x, g, sp, (cut, _) in zip(unit_x, unit_g, unit_s, local)
+    ]
+    if tiles:
+        flips = tiles[2]
+    elif gp.split > 1 or gp.packed_with is not None:  # square blocks with sharded rows go transposed
+        flips = tuple(_rows_sharded(g, sp) for g, sp in zip(unit_g, unit_s))
+    else:
+        flips = (False,) * len(mats)
+    mats = [jnp.swapaxes(m, 1, 2) if f else m for m, f in zip(mats, flips)]
+    dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
+    stacked = jnp.concatenate([m.astype(dtype) for m in mats], axis=0) if len(mats) > 1 else mats[0].astype(dtype)
+
+    def finish(ortho):
+        start, done = 0, {}
+        for u, g, sp, (_, join), flip in zip(units, unit_g, unit_s, local, flips):
+            block = _via_one_axis(ortho[start : start + g.num_slices], sp, devices)
+            block = jnp.swapaxes(block, 1, 2) if flip else block
+            start += g.num_slices
+            factors = [scale_of(members[i][1]) for i in u]  # each leaf's own
+            if len(u) == 1:
+                factor = factors[0]
+            else:
+                factor = jnp.repeat(jnp.asarray(factors), g.num_slices // len(u))[:, None, None]
+            block = from_wide(block, g, factor, xs[u[0]].dtype, join)
+            block = block if join else blocks_local(block, g, devices)  # fused blocks joined locally
+            done.update({i: block[j] for j, i in enumerate(u)} if len(u) > 1 else {u[0]: block})
+        return [shard_alike(done[i], x)[0] for i, x in enumerate(xs)]
+
+    return stacked, tiles, finish
+
+
+def _rows_sharded(g: Geometry, spec) -> bool:
+    """Whether a square matrix's wide view has its rows sharded by ``spec`` and its columns not
+    (the FSDP layout ``P('data', None)`` of a square kernel): split over its columns it is then
+    taken transposed (``NS(G^T) = NS(G)^T``), whose columns are the sharded ones, so reaching the
+    column blocks is not a transposition of the layout (fewer bytes through collectives:
+    docs/lab_log.md)."""
+    if spec is None or g.d_in != g.d_out or g.fan_out_splits != 1:
+        return False
+    sharded = lambda axes: any(spec_axes(spec[a]) for a in axes)
+    return sharded(g.fan_in_axes) and not sharded(g.fan_out_axes)
+
+
+def _packed(split, whole, gp, whole_method, orthogonalize, mesh, axes):
+    """A pack (:func:`~spectral_optax._distributed.plan.pack_groups`): the split group's ``split`` ``(B_A, m,
+    k c)`` and the packed group's ``whole`` ``(B_B, m, c)``, the latter ``k`` side by side per unit
+    (``(ceil(B_B / k), m, k c)``), orthogonalized as one stack of units by
+    :func:`_split_in_groups` (Gram sums over the owner group for the split units only);
+    ``(split result, whole result)``."""
+    k = gp.split
+    (count_a, m, n), count_b, cols = split.shape, whole.shape[0], whole.shape[2]
+    assert n == k * cols, (split.shape, whole.shape, k)
+    dtype = jnp.result_type(split, whole)
+    pad = -count_b % k
+    side = jnp.pad(whole, ((0, pad), (0, 0), (0, 0))) if pad else whole
+    owners = gp.owners
+    if _deals(n, owners * k):
+        # interleaved so that the strided block dealt to device (o, s) is matrix s of the unit, its
+        # columns in order (:func:`_split_in_groups`): column o' w + t of matrix s at o' k w + s w + t
+        w = n // (owners * k)
+        side = side.reshape(-1, k, m, owners, w).transpose(0, 2, 3, 1, 4).reshape(-1, m, n)
+        unside = lambda y: y.reshape(-1, m, owners, k, w).transpose(0, 3, 1, 2, 4).reshape(-1, m, cols)
+    else:
+        side = side.reshape(-1, k, m, cols).transpose(0, 2, 1, 3).reshape(-1, m, n)
+        unside = lambda y: y.reshape(-1, m, k, cols).transpose(0, 2, 1, 3).reshape(-1, m, cols)
+    stacked = jnp.concatenate([split.astype(dtype), side.astype(dtype)], axis=0)
+    total = stacked.shape[0]
+    if total % gp.owners:
+        stacked = jnp.pad(stacked, ((0, -total % gp.owners), (0, 0), (0, 0)))
+    summed = [True] * count_a + [False] * (stacked.shape[0] - count_a)
+    ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, k, summed, whole_method)
+    return ortho[:count_a], unside(ortho[count_a:total])[:count_b]
+
+
+def _group_view(mesh, shape):
+    """The devices of ``mesh`` (in its order) viewed as an ``(owners, split)`` mesh with axes
+    ``('_owners', '_split')``: ``(abstract mesh, mesh for shard_map)``. Under ``jax.set_mesh``
+    ``shard_map`` lowers on the concrete mesh, so the view is then a concrete ``Mesh`` of the same
+    devices reshaped (``P(('_owners', '_split'))`` is ``P(axes)`` of the leaves' mesh; the owner
+    axis major: docs/lab_log.md)."""
+    names, types = ("_owners", "_split"), (jax.sharding.AxisType.Auto,) * 2
+    concrete = _concrete_mesh()
+    if concrete is not None and not concrete.empty and concrete.size == math.prod(shape):
+        view = jax.sharding.Mesh(concrete.devices.reshape(shape), names, axis_types=types)
+        return view.abstract_mesh, view
+    abstract = jax.sharding.AbstractMesh(shape, names, axis_types=types)
+    return abstract, abstract
+
+
+def _concrete_mesh():
+    """The mesh of ``jax.set_mesh`` while tracing (what ``shard_map`` lowers on), else ``None``.
+
+    JAX 0.10 has no public accessor of it inside ``jit``: ``jax.sharding.get_mesh`` raises under a
+    trace, and ``jax.sharding.get_abstract_mesh()`` and ``jax.typeof(x).sharding.mesh`` are abstract
+    (no devices), while ``shard_map`` itself reads the concrete one there. So the private accessor is
+    used (:data:`_GET_CONCRETE_MESH`); on a JAX without it the abstract view is taken, and
+    ``tests/test_distributed_mesh.py`` fails on the supported JAX if that happens.
+    """
+    return None if _GET_CONCRETE_MESH is None else _GET_CONCRETE_MESH()
+
+
+def _split_in_groups(stacked, orthogonalize, mesh, owners, split, summed=None, whole_method=None):
+    """``stacked`` ``(U, m, n')`` (``U`` a multiple of ``owners``, ``n'`` of ``split``) under
+    ``shard_map`` on the devices viewed as ``(owners, split)`` (:func:`_group_view`): units
+    dealt to the owner groups (``U / owners`` each, in order), columns cut in ``split``
+    blocks: strided ones when ``n'`` is a multiple of ``owners * split`` (:func:`_deals`; the
+    stack enters with its columns over every device and one all-to-all over the owner groups
+    deals them, one brings them back), else contiguous ones (XLA's resharding to
+    ``P('_owners', None, '_split')``). ``summed[u]`` (default all): unit ``u`` is one matrix,
+    its Gram matrix summed over the owner group every step (:func:`~spectral_optax.newton_schulz` with ``axis_name``);
+    else each of its blocks is a whole matrix (a pack) run alone, by ``whole_method``. Where
+    owner groups of one local position differ, ``lax.cond`` on the owner-group index picks the
+    branch (the all-reduce is in the summing branch only, taken by whole owner groups)."""
+    abstract, view = _group_view(mesh, (owners, split))
+    per = stacked.shape[0] // owners
+    table = np.ones((owners, per), bool) if summed is None else np.asarray(summed, bool).reshape(owners, per)
+    spec = P("_owners", None, "_split")
+    run_split = lambda x: orthogonalize(x, "standard", "_split")
+    run_whole = lambda x: orthogonalize(x, whole_method)
+
+    def body(x):
+        if table.all():
+            return run_split(x)
+        if not table.any():
+            return run_whole(x)
+        g = jax.lax.axis_index("_owners")
+        outs = []
+        for r in range(per):
+            col, xr = table[:, r], x[r : r + 1]
+            if col.all() or not col.any():
+                outs.append(run_split(xr) if col.all() else run_whole(xr))
+            else:
+                outs.append(jax.lax.cond(jnp.asarray(col)[g], run_split, run_whole, xr))
+        return jnp.concatenate(outs, axis=0) if per > 1 else outs[0]
+
+    run = body
+    if _deals(stacked.shape[2], owners * split):
+        # Columns over every device in device order, dealt by one all-to-all over the owner groups
+        # each way: device (o, s) gets unit o's columns of every device (o', s), a strided column
+        # block (any partition of the columns serves: NS(X P) = NS(X) P for a permutation P).
+        spec = P(None, None, ("_owners", "_split"))
+        # (materialized first: XLA's CPU backend otherwise gives the all-to-all operands of different
+        # layouts and fails its own verifier, as in _fused_local)
+        barrier = jax.lax.optimization_barrier
+        deal = lambda x: jax.lax.all_to_all(barrier(x), "_owners", 0, 2, tiled=True)
+        back = lambda y: jax.lax.all_to_all(barrier(y), "_owners", 2, 0, tiled=True)
+        run = lambda x: back(body(deal(x)))
+    with jax.sharding.use_abstract_mesh(abstract):
+        stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(abstract, spec))
+        return jax.shard_map(run, mesh=view, in_specs=spec, out_specs=spec)(stacked)
+
+
+def _deals(n: int, devices: int) -> bool:
+    """Whether :func:`_split_in_groups` deals a stack of ``n`` columns by all-to-alls over the owner
+    groups (the columns divide over the ``devices``), with strided column blocks."""
+    return n % devices == 0
+
+
+def _fused_units(xs, members, specs) -> list[list[int]]:
+    """The members of a group as units: each fused-fan-out leaf (QKV) with the others of its
+    geometry, layout and dtype (cut and joined as one stack), every other leaf alone."""
+    units: dict = {}
+    for i, (x, (_, g), sp) in enumerate(zip(xs, members, specs)):
+        units.setdefault((g, sp, jnp.dtype(x.dtype)) if g.fan_out_splits > 1 else i, []).append(i)
+    return list(units.values())
+
+
+def _stacked(g: Geometry, count: int) -> Geometry:
+    """``g`` with a new leading batch axis of ``count`` leaves."""
+    shift = lambda axes: tuple(a + 1 for a in axes)
+    return dataclasses.replace(
+        g, shape=(count, *g.shape), fan_in_axes=shift(g.fan_in_axes), fan_out_axes=shift(g.fan_out_axes)
+    )
+
+
+def _context_mesh(mesh):
+    """The context mesh when one is set (inside :func:`~spectral_optax._distributed.mesh.keeping_specs`
+    its axes are ``Auto``), else ``mesh`` (the leaves' own), for ``shard_map``."""
+    context = jax.sharding.get_abstract_mesh()
+    return mesh if context.empty else context
+
+
+def _split_everywhere(stacked, orthogonalize, mesh, axes):
+    """``stacked`` ``(B, m, n')`` orthogonalized with its columns cut over all ``axes`` of ``mesh``,
+    under ``shard_map``."""
+    mesh = _context_mesh(mesh)
+    spec = P(None, None, tuple(axes))
+    stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, spec))
+    body = lambda block: orthogonalize(block, "standard", tuple(axes))
+    return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(stacked)
+
+
+def _common_tiling(members, specs, axes):
+    """``(rows axis, columns axis, flips)`` when every matrix of a group is a plain 2-D leaf whose
+    wide view is tiled over two mesh axes the same way (FSDP x tensor parallel: ``P('data',
+    'model')`` kernels with the ``P('model', 'data')`` ones transposed to their wide form), those two
+    being all of ``axes``; a square matrix tiled the other way is taken transposed (``flips[i]``,
+    ``NS(G^T) = NS(G)^T``). Else ``None``."""
+    tilings = []
+    for (_, g), spec in zip(members, specs):
+        if spec is None or len(g.shape) != 2 or g.fan_out_splits != 1 or g.batch_axes:
+            return None
+        rows, cols = spec[g.fan_in_axes[0]], spec[g.fan_out_axes[0]]
+        tilings.append((cols, rows) if g.d_in > g.d_out else (rows, cols))
+    rows, cols = tilings[0]
+    if not (isinstance(rows, str) and isinstance(cols, str)) or rows == cols or {rows, cols} != set(axes):
+        return None
+    flips = tuple(t != (rows, cols) for t in tilings)
+    square = all(g.d_in == g.d_out for _, g in members)
+    if any(t not in ((rows, cols), (cols, rows)) for t in tilings) or (any(flips) and not square):
+        return None
+    return rows, cols, flips
+
+
+def _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles):
+    """``stacked`` ``(B', m, n)`` (``B'`` a multiple of the ``N`` devices) tiled ``P(None, rows,
+    cols)`` over two mesh axes, orthogonalized whole matrix by whole matrix under ``shard_map``:
+    one all-to-all over both axes deals ``B' / N`` matrices to every device (each receiving one
+    tile of each from every device, reassembled locally), and one brings the tiles back. XLA's
+    partitioner would go through a one-axis layout (two all-to-alls each way)."""
+    mesh = _context_mesh(mesh)
+    names = tuple(a for a in mesh.axis_names if a in axes)  # the all-to-all's device order
+    sizes = dict(mesh.shape)
+    r, c = sizes[tiles[0]], sizes[tiles[1]]
+    rows_first = names[0] == tiles[0]
+    spec = P(None, *tiles)
+    n_dev = r * c
+
+    def body(block):
+        b, mr, nc = block.shape
+        x = jax.lax.all_to_all(block.reshape(n_dev, b // n_dev, mr, nc), names, 0, 0, tiled=True)
+        x = x.reshape(*((r, c) if rows_first else (c, r)), b // n_dev, mr, nc)
+        x = x.transpose((2, 0, 3, 1, 4) if rows_first else (2, 1, 3, 0, 4)).reshape(b // n_dev, r * mr, c * nc)
+        y = orthogonalize(x)
+        y = y.reshape(b // n_dev, r, mr, c, nc).transpose((1, 3, 0, 2, 4) if rows_first else (3, 1, 0, 2, 4))
+        y = jax.lax.all_to_all(y.reshape(n_dev, b // n_dev, mr, nc), names, 0, 0, tiled=True)
+        return y.reshape(b, mr, nc)
+
+    stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, spec))
+    return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(stacked)
+
+
+def _fused_local(g: Geometry, mesh, axes, devices: int):
+    """``(cut, join)`` for a leaf fusing fan-out blocks (``fan_out_splits > 1``, QKV): ``cut``
+    takes the leaf to its wide view ``(slices, m, n)`` and ``join`` back, each under ``shard_map``
+    on local blocks, the leaf sharded over every device on its largest batch or fan-in axis that
+    they divide (one all-to-all from a layout sharded on the fused fan-out, GPT-2 ``c_attn`` under
+    FSDP). Local blocks of a non-leading axis come out in another order of rows (or matrices), which
+    ``join`` undoes and the iteration does not see (``NS(P G) = P NS(G)``). ``(None, None)`` for
+    other leaves, or when no such axis exists."""
+    axis = max(
+        (a for a in g.batch_axes + g.fan_in_axes if g.shape[a] % devices == 0), key=lambda a: g.shape[a], default=None
+    )
+    if g.fan_out_splits == 1 or mesh is None or devices == 1 or axis is None:
+        return None, None
+    names = tuple(axes)
+    leaf_spec = P(*[names if a == axis else None for a in range(len(g.shape))])
+    dim = 0 if axis in g.batch_axes else (2 if g.d_in > g.d_out else 1)
+    wide_spec = P(*[names if d == dim else None for d in range(3)])
+
+    def local(b):
+        return dataclasses.replace(g, shape=b.shape)
+
+    def cut(x):
+        m = _context_mesh(mesh)
+        x = jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(m, leaf_spec))
+        # materialized (optimization_barrier): XLA's CPU backend otherwise gives the all-to-all to the
+        # owners operands of different layouts and fails its own verifier (GPT-2 XL on 64 devices)
+        body = lambda b: jax.lax.optimization_barrier(to_wide(to_matrix(b, local(b)), g, matrix=True))
+        return jax.shard_map(body, mesh=m, in_specs=leaf_spec, out_specs=wide_spec)(x)
+
+    def join(block):
+        m = _context_mesh(mesh)
+        shape = list(g.shape)
+        shape[axis] //= devices
+        gl = dataclasses.replace(g, shape=tuple(shape))
+        body = lambda b: from_matrix(jnp.swapaxes(b, 1, 2) if g.d_in > g.d_out else b, gl)
+        return jax.shard_map(body, mesh=m, in_specs=wide_spec, out_specs=leaf_spec)(block)
+
+    return cut, join
+
+
+def _wide_to_move(x, g: Geometry, devices: int):
+    """The wide view of a leaf about to be moved to its owners; with fused fan-out blocks
+    (``fan_out_splits > 1``, QKV) that :func:`_fused_local` cannot cut (no batch or fan-in axis
+    divisible by the devices) cut where XLA makes them local
+    (:func:`~spectral_optax._distributed.mesh.blocks_local`) and materialized (``optimization_barrier``):
+    XLA's CPU backend otherwise fuses the block transposition into the all-to-all and fails its
+    own verifier (GPT-2 XL ``c_attn`` on 64 devices: "all-to-all has operands with different
+    shapes")."""
+    if g.fan_out_splits == 1:
+        return to_wide(x, g)
+    return jax.lax.optimization_barrier(to_wide(blocks_local(x, g, devices), g))
+
+
+def _via_one_axis(m, spec, devices: int):
+    """A wide view ``(slices, m, n)`` of a leaf whose (Explicit) ``spec`` shards it over several mesh
+    axes (FSDP x tensor parallel) resharded with its rows (else columns) over all devices, on its way
+    to or from the owners: XLA's partitioner cannot move a 2-D tiling to the owners' 1-D one directly
+    and would replicate the whole stack instead ("involuntary full rematerialization")."""
+    if len({a for entry in (spec or ()) for a in spec_axes(entry)}) < 2:
+        return m
+    rows = m.shape[1] % devices == 0
+    if not rows and m.shape[2] % devices:
+        return m
+    flat = jax.sharding.AbstractMesh((devices,), ("_devices",), axis_types=(jax.sharding.AxisType.Auto,))
+    dims = (None, "_devices", None) if rows else (None, None, "_devices")
+    return jax.lax.with_sharding_constraint(m, jax.sharding.NamedSharding(flat, P(*dims)))
