@@ -1,45 +1,16 @@
-"""Geometry read off the computation: trace a forward pass, follow each parameter.
+"""The walk of a jaxpr: every parameter's axes followed to the ops that consume it.
 
-``trace_geometry(apply_fn, params, *args)`` runs ``jax.make_jaxpr`` on
-abstract inputs (``jax.ShapeDtypeStruct``: shapes only, no FLOPs) and follows
-every parameter's variable through the ops that only move its axes around
-(``transpose``, ``reshape``, ``slice`` / ``split`` / indexing, dtype casts,
-scaling by a constant, the sub-jaxprs of ``jit`` / ``custom_jvp`` /
-``custom_vjp`` / ``remat`` / ``cond`` / ``scan``) to the ops that consume it:
-
-* ``dot_general``: dimensions contracted with the activation are fan-in,
-  ``dot_general`` batch dimensions are batch axes, the other dimensions fan-out;
-* ``conv_general_dilated`` (kernel operand): window x input features fan-in,
-  output features fan-out;
-* ``gather`` (a table indexed by the input): an embedding, indexed axes fan-in;
-* an element-wise op with an activation (a bias, a norm scale): a vector;
-* a ``scan`` over stacked parameters: the stacked axis is a batch axis;
-* an axis cut into equal blocks that are used separately (a fused QKV kernel
-  split before the product, or its product split after it, forward-followed
-  to the ``split`` / ``slice``): a batch axis when every block is one index,
-  else ``fan_out_splits`` blocks.
-
-The read-out (``role='output'``) is a parametrized product whose result
-reaches the traced function's output without passing through another
-parametrized product. A table used both as lookup and as product (a tied
-embedding) is an embedding; read out, it gets ``role='output'``.
-
-Anything else (an opaque primitive or callback, uses that disagree, an axis
-cut in blocks that a :class:`Geometry` cannot express) leaves the parameter
-undecided with the reason, and :class:`~spectral_optax.GeometryMap` handles it
-(module hint, else the element-wise fallback with a ``GeometryWarning``).
-``trace_init(init_fn, rngs, *args)`` does the same from one trace of an
-``init`` that runs the forward pass (Linen's ``init``, as ``jax.jit`` traces
-it): the walk starts from the variables that become the parameters (seeded
-where they are made, inside ``scan`` / ``jit`` bodies too), the read-out is
-judged at the values the init computes and drops (the model's output), and
-the same trace is compiled for the values, so that init and geometry cost one
-trace of the model.
-
-A parameter used only element-wise over two or more axes (a learned position
-table added to the activations, a 2-D bias) is deferred to the hints and name
-rules, since element-wise use alone does not say whether it is a table or a
-vector. docs/guide.md lists the rules and their order.
+:class:`_Tracer` walks the equations of a jaxpr (and the sub-jaxprs of
+``jit`` / ``custom_jvp`` / ``custom_vjp`` / ``remat``, ``scan``, ``while`` and
+``cond``). A value derived from parameter ``p`` by ops that only move axes is a
+view of ``p``: for each of its dimensions, the pieces of ``p``'s axes it
+carries. Each op that consumes a view is recorded as a use of ``p`` with the
+class of every axis it sees (``'in'`` contracted with an activation, ``'out'``,
+``'batch'``, or a block of an axis cut into equal parts); a product's output
+is followed forward to where it is cut into blocks. The graph of values, with
+the parametrized products marked, is kept for the read-out rule
+(:meth:`_Tracer.clean`). :mod:`spectral_optax._geometry.trace` turns the uses
+into decisions.
 """
 
 from __future__ import annotations
@@ -48,11 +19,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-import numpy as np
 from jax.extend import core as jex_core
-
-from spectral_optax._geometry import Geometry, path_str
 
 # A piece of a parameter axis carried by one dimension of a derived value:
 # (parameter axis, number of coarser blocks before it, size). (-1, 1, size) is
@@ -70,22 +37,6 @@ _ELEMENTWISE = {
     "nextafter", "stop_gradient", "real", "imag", "conj", "add_any",
 }  # fmt: skip
 _REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
-
-
-@dataclasses.dataclass
-class TraceDecision:
-    """What the trace says about one parameter.
-
-    Attributes:
-      geometry: the decided geometry, or ``None``.
-      reason: how it was decided, or why not.
-      defer: ``True`` when the trace saw nothing against the name rules and
-        hints (unused, or element-wise over several axes): they decide, silently.
-    """
-
-    geometry: Geometry | None
-    reason: str
-    defer: bool = False
 
 
 @dataclasses.dataclass
@@ -469,10 +420,6 @@ def _has_jaxpr(v) -> bool:
     return hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns")
 
 
-def _pieces(dims: _Dims, group: Sequence[int]) -> list[_Piece]:
-    return [pc for d in group for pc in dims[d]]
-
-
 def _take(pieces: list[_Piece], size: int) -> tuple[_Piece, ...] | None:
     """Consume pieces (in place) to make one dimension of ``size``."""
     out: list[_Piece] = []
@@ -556,309 +503,6 @@ def _cut(name, p, dims: _Dims, in_shape, out_shapes) -> tuple[list, list[_Dims]]
     return recs, [tuple(new)] * len(out_shapes)
 
 
-# --------------------------------------------------------------------------
-# Decisions.
-# --------------------------------------------------------------------------
-def _axis_classes(shape, records) -> tuple[dict[int, str], dict[int, int]] | str:
-    """Per parameter axis: 'in' / 'out' / 'batch', and block counts; or the reason it is undecided."""
-    by_axis: dict[int, set] = {a: set() for a in range(len(shape))}
-    blocks: dict[int, set] = {a: set() for a in range(len(shape))}
-    for r in records:
-        if r[0] == "undecided":
-            return "its blocks cannot be expressed as a Geometry"
-        if r[0] == "block":
-            blocks[r[1]].add(r[2])
-        else:
-            by_axis[r[1]].add(r[0])
-    classes, splits = {}, {}
-    for a in range(len(shape)):
-        cls, bl = by_axis[a], blocks[a]
-        if shape[a] in bl:
-            cls, bl = {"batch"}, bl - {shape[a]}
-            if bl:
-                return f"axis {a} is cut into blocks of different sizes"
-        if not cls:
-            if shape[a] == 1:
-                cls = {"batch"}
-            else:
-                return f"axis {a} never reaches a product"
-        if len(cls) > 1:
-            return f"axis {a} is used as {' and '.join(sorted(cls))} by different ops"
-        (c,) = cls
-        if len(bl) > 1 or (bl and c == "in"):
-            return f"axis {a} ({c}) is cut into blocks {sorted(bl)} that a Geometry cannot express"
-        classes[a] = c
-        if bl:
-            splits[a] = bl.pop()
-    return classes, splits
-
-
-def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> TraceDecision:
-    shape = tuple(shape)
-    if not uses:
-        return TraceDecision(None, "unused in the traced call", defer=True)
-    opaque = [u for u in uses if u.kind == "opaque"]
-    if opaque:
-        return TraceDecision(None, f"used in a way the trace does not follow: {opaque[0].note}")
-    gathers = [u for u in uses if u.kind == "gather"]
-    products = [u for u in uses if u.kind in ("dot", "conv")]
-    readout = any(u.out in clean for u in products)
-    role = "output" if readout else "hidden"
-
-    def classes_of(us):
-        cut = next((u.note for u in us if u.note and ("undecided", -1) in u.records), None)
-        return cut or _axis_classes(shape, [r for u in us for r in u.records])
-
-    if gathers:
-        res = classes_of(gathers)
-        if isinstance(res, str):
-            return TraceDecision(None, f"embedding lookup: {res}")
-        classes, _ = res
-        fan_in = tuple(a for a, c in classes.items() if c == "in")
-        fan_out = tuple(a for a, c in classes.items() if c == "out")
-        how = "trace: embedding lookup (gather)"
-        if products:
-            pres = classes_of(products)
-            if isinstance(pres, str):
-                return TraceDecision(None, f"table used as lookup and as product: {pres}")
-            pc, _ = pres
-            if tuple(a for a, c in pc.items() if c == "in") != fan_out:
-                return TraceDecision(None, "table used as lookup and as a product over other axes")
-            how += " and product (tied)" + (", read-out" if readout else "")
-        if not fan_in or not fan_out:
-            return TraceDecision(None, "embedding lookup without a fan-in or fan-out axis")
-        return TraceDecision(Geometry(shape, "embedding", fan_in, fan_out, role=role), how)
-    if products:
-        res = classes_of(products)
-        if isinstance(res, str):
-            return TraceDecision(None, res)
-        classes, splits = res
-        fan_in = tuple(a for a, c in classes.items() if c == "in")
-        fan_out = tuple(a for a, c in classes.items() if c == "out")
-        split_axes = {a: n for a, n in splits.items() if classes[a] == "out"}
-        n_split = 1
-        if split_axes:
-            if len(split_axes) > 1 or min(split_axes) != min(fan_out):
-                return TraceDecision(None, f"fan-out cut into blocks on axes {sorted(split_axes)}")
-            n_split = next(iter(split_axes.values()))
-        if not fan_in or not fan_out:
-            return TraceDecision(None, "a product without a fan-in or fan-out axis")
-        kinds = sorted({u.kind for u in products})
-        how = f"trace: {'/'.join('dot_general' if k == 'dot' else 'conv' for k in kinds)}"
-        if n_split > 1:
-            how += f", {n_split} blocks used separately"
-        if readout:
-            how += ", read-out"
-        return TraceDecision(Geometry(shape, "matrix", fan_in, fan_out, fan_out_splits=n_split, role=role), how)
-    res = classes_of(uses)
-    if isinstance(res, str):
-        return TraceDecision(None, f"element-wise use: {res}")
-    classes, _ = res
-    fan_out = tuple(a for a, c in classes.items() if c == "out")
-    partner_out = [all_uses[u.partner].out for u in uses if u.partner is not None]
-    if len([a for a in fan_out if shape[a] > 1]) > 1 and len(partner_out) < len(uses):
-        # Not added to a product's output (a bias over a DenseGeneral's heads x head_dim is): a learned
-        # position table added to the embeddings, or a 2-D scale? Element-wise use alone does not say.
-        return TraceDecision(None, "element-wise over several axes (a table or a vector?)", defer=True)
-    # A bias of the read-out (added to its product) shares its role, as under a head's name.
-    role = "output" if any(o in clean for o in partner_out) else "hidden"
-    how = "trace: element-wise (bias / scale)" + (", on the read-out" if role == "output" else "")
-    return TraceDecision(Geometry(shape, "vector", (), fan_out, role=role), how)
-
-
-def _abstract(x):
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return x
-    if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
-    return None
-
-
-def _static_split(tree):
-    """Flatten ``tree``: (leaves, treedef, abstract values of its array leaves, their positions)."""
-    flat, tdef = jax.tree_util.tree_flatten(tree)
-    abst = [_abstract(x) for x in flat]
-    idx = [i for i, x in enumerate(abst) if x is not None]
-    return flat, tdef, [abst[i] for i in idx], idx
-
-
-def _rebuild(flat, tdef, idx, leaves):
-    out = list(flat)
-    for i, v in zip(idx, leaves):
-        out[i] = v
-    return jax.tree_util.tree_unflatten(tdef, out)
-
-
-def _decisions(tr: _Tracer, outs, paths, shapes) -> dict[str, TraceDecision]:
-    clean = tr.clean(outs)
-    by_param: dict[int, list[_Use]] = {k: [] for k in range(len(paths))}
-    for u in tr.uses:
-        by_param[u.p].append(u)
-    return {path: _decide(shapes[k], by_param[k], clean, tr.uses) for k, path in enumerate(paths)}
-
-
 def _param_view(k: int, shape: tuple[int, ...]) -> _View:
+    """Parameter ``k`` itself: dimension ``a`` carries all of axis ``a``."""
     return _View(k, tuple(((a, 1, s),) for a, s in enumerate(shape)))
-
-
-def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str, TraceDecision]:
-    """Trace ``apply_fn(params, *args, **kwargs)`` on abstract values; decide each parameter.
-
-    Args:
-      apply_fn: ``(params, *args, **kwargs) -> outputs`` (the outputs' leaves
-        are "the output" for the read-out rule).
-      params: the parameter tree (arrays or ``jax.ShapeDtypeStruct``).
-      *args: example inputs (arrays or ``jax.ShapeDtypeStruct``; other
-        leaves are passed through unchanged, as static values).
-      **kwargs: keyword inputs, as ``args``.
-
-    Returns:
-      ``{path: TraceDecision}`` for every array leaf of ``params``, paths
-      '/'-joined as in :func:`~spectral_optax._geometry.path_str`.
-    """
-    p_flat, p_def = jax.tree_util.tree_flatten_with_path(params)
-    p_abs = [_abstract(x) for _, x in p_flat]
-    p_idx = [i for i, x in enumerate(p_abs) if x is not None]
-    a_flat, a_def, a_abs, a_idx = _static_split((args, kwargs))
-
-    def fn(p_leaves, a_leaves):
-        pl = [x for _, x in p_flat]
-        for i, v in zip(p_idx, p_leaves):
-            pl[i] = v
-        a, kw = _rebuild(a_flat, a_def, a_idx, a_leaves)
-        return apply_fn(jax.tree_util.tree_unflatten(p_def, pl), *a, **kw)
-
-    closed = jax.make_jaxpr(fn)([p_abs[i] for i in p_idx], a_abs)
-    jaxpr = closed.jaxpr
-    shapes = [tuple(p_abs[i].shape) for i in p_idx]  # type: ignore[union-attr]
-    tr = _Tracer(shapes)
-    in_vals = [tr.fresh() for _ in jaxpr.invars]
-    n = len(p_idx)
-    for k in range(n):
-        tr.views[in_vals[k]] = _param_view(k, shapes[k])
-    tr.act.update(in_vals[n:])
-    outs = tr.walk(jaxpr, in_vals)
-    return _decisions(tr, outs, [path_str(p_flat[i][0]) for i in p_idx], shapes)
-
-
-def _dead_ends(jaxpr) -> list:
-    """The variables an equation makes and nothing uses (nor the jaxpr returns): where a value the
-    traced function computes and drops ends (``init``'s forward-pass output)."""
-    used = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, jex_core.Literal)}
-    used |= {v for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)}
-    return [v for e in jaxpr.eqns for v in e.outvars if v not in used and type(v).__name__ != "DropVar"]
-
-
-def _param_vars(outvars, paths: list[str]) -> tuple[list[Any], list[str]]:
-    """The jaxpr variable of each parameter output, and the paths that have none of their own
-    (a literal, or one value returned as two parameters)."""
-    out: list[Any] = []
-    unmapped, seen = [], set()
-    for path, v in zip(paths, outvars):
-        if isinstance(v, jex_core.Literal) or v in seen:
-            unmapped.append(path)
-            out.append(None)
-        else:
-            seen.add(v)
-            out.append(v)
-    return out, unmapped
-
-
-@dataclasses.dataclass
-class InitTrace:
-    """One trace of an ``init`` that runs the forward pass: the geometry and the values from it.
-
-    Attributes:
-      traced: ``jax.jit(init).trace(...)`` (a ``jax.stages.Traced``): its jaxpr is walked for the
-        geometry, and lowered and compiled for the values.
-      paths: the '/'-joined paths of the parameters.
-      shapes: their shapes.
-      unmapped: paths of parameters the walk cannot place (made inside a loop, a branch or a
-        sub-computation it does not follow, or a constant): decide those by another route.
-    """
-
-    traced: Any
-    paths: list[str]
-    shapes: list[tuple[int, ...]]
-    unmapped: list[str]
-    _key_leaves: int
-    _leaves: list
-    _with_output: Callable
-    _decisions: dict[str, TraceDecision] | None = None
-
-    def _walk(self, jaxpr, param_vars, outputs: Callable) -> tuple[_Tracer, list]:
-        tr = _Tracer(self.shapes)
-        seeds = {v: _param_view(k, self.shapes[k]) for k, v in enumerate(param_vars) if v is not None}
-        in_vals = [tr.fresh() for _ in jaxpr.invars]
-        tr.act.update(in_vals[self._key_leaves :])
-        env: dict = {}
-        outs = tr.walk(jaxpr, in_vals, seeds, env_out=env)
-        return tr, outputs(tr, env, outs)
-
-    def decisions(self) -> dict[str, TraceDecision]:
-        """``{path: TraceDecision}``: the forward pass inside the init jaxpr, walked from the
-        variables that become the parameters (the activations are the non-``rngs`` inputs). The
-        model's output is what ``init`` computes and drops: the dead ends of the jaxpr that carry
-        activations (if there is none, the init is traced once more with its output returned)."""
-        if self._decisions is None:
-            closed = self.traced.jaxpr
-            pv, _ = _param_vars(closed.jaxpr.outvars, self.paths)
-            dead = _dead_ends(closed.jaxpr)
-            tr, outs = self._walk(closed.jaxpr, pv, lambda t, env, _: [env[v] for v in dead if env.get(v) in t.act])
-            if not outs:
-                closed, n_y = self._with_output()
-                pv, _ = _param_vars(closed.jaxpr.outvars[n_y:], self.paths)
-                tr, outs = self._walk(closed.jaxpr, pv, lambda t, env, o: o[:n_y])
-            self._decisions = _decisions(tr, outs, self.paths, self.shapes)
-            self.unmapped = sorted(set(self.unmapped) | {self.paths[k] for k in tr.unmapped})
-        return self._decisions
-
-    def values(self):
-        """``(params, rest)``: the traced init lowered, compiled and run (no second trace)."""
-        return self.traced.lower().compile()(self._leaves)
-
-    def lowered(self):
-        """The traced init lowered (for timing: no compile, no run)."""
-        return self.traced.lower()
-
-
-def trace_init(init_fn: Callable, rngs: Any, *args, **kwargs) -> InitTrace:
-    """Trace ``init_fn(rngs, *args, **kwargs) -> (outputs, params, rest)`` once, as ``jax.jit`` does.
-
-    The jaxpr of an ``init`` that runs the forward pass (Linen's ``init``)
-    contains that forward pass, fed by the variables that become the parameters:
-    :meth:`InitTrace.decisions` walks it from those variables (as
-    :func:`trace_geometry` walks an ``apply`` from its inputs) and
-    :meth:`InitTrace.values` compiles the same trace for the parameters, so that
-    init and geometry cost one trace of the model.
-
-    Args:
-      init_fn: ``(rngs, *args, **kwargs) -> (outputs, params, rest)``: the model's
-        outputs (dropped from the traced function; returned only if a second trace is
-        needed for the read-out), the parameter tree, any other variables.
-      rngs: the PRNG key(s) (not activations).
-      *args: example inputs (arrays or ``jax.ShapeDtypeStruct``; other leaves are static).
-      **kwargs: keyword inputs, as ``args``.
-
-    Returns:
-      An :class:`InitTrace`.
-    """
-    flat, tdef, abst, idx = _static_split((rngs, args, kwargs))
-    n_keys = len([i for i in idx if i < len(jax.tree_util.tree_leaves(rngs))])
-
-    def full(leaves):
-        r, a, kw = _rebuild(flat, tdef, idx, leaves)
-        return init_fn(r, *a, **kw)
-
-    traced = jax.jit(lambda leaves: full(leaves)[1:]).trace(abst)
-    p_flat = jax.tree_util.tree_flatten_with_path(traced.out_info[0])[0]
-    paths = [path_str(p) for p, _ in p_flat]
-    shapes = [tuple(x.shape) for _, x in p_flat]
-    _, unmapped = _param_vars(traced.jaxpr.jaxpr.outvars, paths)
-
-    def with_output():
-        closed, out_shape = jax.make_jaxpr(full, return_shape=True)(abst)
-        return closed, len(jax.tree_util.tree_leaves(out_shape[0]))
-
-    leaves = [flat[i] for i in idx]
-    return InitTrace(traced, paths, shapes, unmapped, n_keys, leaves, with_output)
