@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import spectral_optax as so
+from spectral_optax._distributed.plan import FLOPS_PER_BYTE_BY_KIND
 from tests.test_sharding import CLOSE, run_script
 
 # float64 NumPy reference of the quintic iteration (independent of spectral_optax's code).
@@ -121,7 +122,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import spectral_optax as so
 from spectral_optax._duals.polar import MUON_QUINTIC
 from benchmarks.sharded_speed import collective_bytes
+from spectral_optax._distributed.plan import FLOPS_PER_BYTE_BY_KIND
 
+H100 = FLOPS_PER_BYTE_BY_KIND["h100"]  # the plan of an H100 pod (host CPU devices plan as a CPU cluster)
 shapes = {"b0": (64, 2048), "b1": (64, 2048), "b2": (64, 2048), "b3": (2048, 64),
           "up0": (64, 8192), "up1": (64, 8192), "down0": (8192, 64)}
 keys = iter(jax.random.split(jax.random.key(0), 8))
@@ -129,8 +132,8 @@ grads = {k: {"kernel": jax.random.normal(next(keys), s)} for k, s in shapes.item
 mesh = jax.make_mesh((16,), ("data",))
 spec = lambda x: P("data", None) if x.shape[0] % 16 == 0 else P(None, "data")
 sharded = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), grads)
-tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0)
-plan = so.expert.orthogonalization_plan(sharded, ns_method="standard")
+tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0, flops_per_byte=H100)
+plan = so.expert.orthogonalization_plan(sharded, ns_method="standard", flops_per_byte=H100)
 print(plan)
 wide, whole = {(g.m, g.n): g for g in plan.groups}[(64, 8192)], {(g.m, g.n): g for g in plan.groups}[(64, 2048)]
 assert (wide.split, wide.owners, wide.packed_with, whole.packed_with) == (4, 4, (64, 2048), (64, 8192)), plan
@@ -164,7 +167,7 @@ keys = iter(jax.random.split(jax.random.key(5), 8))
 grads = {k: {"kernel": jax.random.normal(next(keys), s)} for k, s in shapes.items()}
 spec = lambda x: P("data", None) if x.shape[0] % 16 == 0 else P(None, "data") if x.shape[1] % 16 == 0 else P()
 sharded = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), grads)
-by = {(g.m, g.n): g for g in so.expert.orthogonalization_plan(sharded, ns_method="standard").groups}
+by = {(g.m, g.n): g for g in so.expert.orthogonalization_plan(sharded, ns_method="standard", flops_per_byte=H100).groups}
 assert (by[(64, 8200)].split, by[(64, 8200)].packed_with) == (4, (64, 2050)), by
 with jax.set_mesh(mesh):
     got, _ = jax.jit(tx.update)(sharded, tx.init(sharded))
@@ -345,7 +348,9 @@ def test_printed_plan_of_a_pod_sized_tree():
         tree[f"b{i}"].update({n: {"kernel": jax.ShapeDtypeStruct(s, jnp.float32)}
                               for n, s in (("gate", (d, f)), ("up", (d, f)), ("down", (f, d)))})
     tree["lm_head"] = {"kernel": jax.ShapeDtypeStruct((d, v), jnp.float32)}
-    plan = so.expert.orthogonalization_plan(tree, devices=64, geometry={r"lm_head/kernel$": {"kind": "matrix"}})
+    h100 = FLOPS_PER_BYTE_BY_KIND["h100"]  # an H100 pod's plan (the default is this host's figure)
+    plan = so.expert.orthogonalization_plan(tree, devices=64, geometry={r"lm_head/kernel$": {"kind": "matrix"}},
+                                            flops_per_byte=h100)
     by_shape = {(g.m, g.n): g for g in plan.groups}
     assert {k: g.count for k, g in by_shape.items()} == {(d, d): 64, (d, f): 48, (d, v): 1}
     head = by_shape[(d, v)]
@@ -362,7 +367,8 @@ def test_printed_plan_of_a_pod_sized_tree():
     # 256 devices: the 48 wide matrices in 4 blocks of 2048 x 2048 and the 64 squares packed 4 per
     # unit fill the 64 owner groups of 4, one block per device: 6 d^3 per step, and the head split
     # over all 256 (1.845x the one-device float32 total / 256, which runs the wide ones Gram-space)
-    plan = so.expert.orthogonalization_plan(tree, devices=256, geometry={r"lm_head/kernel$": {"kind": "matrix"}})
+    plan = so.expert.orthogonalization_plan(tree, devices=256, geometry={r"lm_head/kernel$": {"kind": "matrix"}},
+                                            flops_per_byte=h100)
     by_shape = {(g.m, g.n): g for g in plan.groups}
     wide, square = by_shape[(d, f)], by_shape[(d, d)]
     assert (wide.split, wide.owners, wide.units, wide.per_device) == (4, 64, 64, 1), str(plan)

@@ -83,10 +83,10 @@ __all__ = [
 #: * TPU v5e (``device_kind`` ``'TPU v5 lite'``): 197 TFLOP/s bfloat16 over 1600 Gbit/s = 200 GB/s
 #:   of ICI per direction (400 GB/s bidirectional), 985 (Cloud TPU v5e system architecture page);
 #: * TPU v5p (``'TPU v5'``): 459 TFLOP/s bfloat16 over 4800 Gbit/s = 600 GB/s of ICI, 765 (Cloud
-#:   TPU v5p system architecture page); also the ``'tpu'`` fallback;
+#:   TPU v5p system architecture page; per direction, as v5e's 1600 Gbit/s); also the ``'tpu'`` fallback;
 #: * CPU: a 96-core AMD EPYC 9654 socket, 7.4 TFLOP/s float32 (96 cores x 2.4 GHz x 32 float32
 #:   flops per cycle, AVX-512 on two 256-bit FMA pipes) over a 200 Gbit/s = 25 GB/s host NIC (the
-#:   collectives of a multi-host CPU job), 295. Host devices of one process
+#:   collectives of a multi-host CPU job), 296. Host devices of one process
 #:   (``--xla_force_host_platform_device_count``) copy through memory instead; the figure is the
 #:   multi-host one.
 FLOPS_PER_BYTE_BY_KIND: dict[str, float] = {
