@@ -85,8 +85,13 @@ COLUMN_PARALLEL = ("q", "k", "v", "gate", "up", "c_attn", "c_fc")
 
 #: each optimizer from ``(geometry overrides, ns_dtype)``; ``ns_dtype`` (``--ns-dtype``) is muon's
 #: ``compute_dtype`` (``None``: the backend default, float32 on CPU; ``bfloat16`` is the GPU / TPU one)
+#: The plan's flops per collective byte for the modelled pod (H100s over NVLink; the figure every documented
+#: row was measured with). On host CPU devices muon's default would be the CPU row of the table
+#: (spectral_optax/_distributed/plan.py), a different plan.
+POD_FLOPS_PER_BYTE = 2000.0
 OPTIMIZERS = {
-    "muon": lambda geometry, dtype: so.muon(0.02, geometry=geometry, compute_dtype=dtype),
+    "muon": lambda geometry, dtype: so.muon(0.02, geometry=geometry, compute_dtype=dtype,
+                                            flops_per_byte=POD_FLOPS_PER_BYTE),
     "muon(distribute=False)": lambda geometry, dtype: so.muon(
         0.02, geometry=geometry, compute_dtype=dtype, distribute=False
     ),
@@ -208,7 +213,7 @@ def measure(tree: str, n: int, mesh_kind: str = "explicit", tp: int = 1, scan: b
     fwd_bwd = 6 * num_params * tokens / n
     if plan:
         print(so.expert.orthogonalization_plan(sharded, geometry=geometry, kinds=("matrix",), ns_coefficients="auto",
-                                        compute_dtype=ns_dtype))  # muon's default routes  # fmt: skip
+                                        compute_dtype=ns_dtype, flops_per_byte=POD_FLOPS_PER_BYTE))  # fmt: skip
     rows = []
     for name, make in OPTIMIZERS.items():
         if optimizers and name not in optimizers:

@@ -261,7 +261,8 @@ def warmup_fraction() -> Rule:
     return Rule("warmup", fn, "fixed fraction of the run")
 
 
-#: The rules :func:`~spectral_optax.transfer.transfer` applies, in order (the weight-decay rule reads the transferred LR).
+#: The rules :func:`~spectral_optax.transfer.transfer` applies, in order (the weight-decay rule reads the
+#: transferred LR).
 DEFAULT_RULES: tuple[Rule, ...] = (horizon(), batch(), weight_decay_timescale(), beta2_half_life(), warmup_fraction())
 
 

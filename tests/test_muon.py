@@ -318,3 +318,26 @@ def test_muon_polar_express_option_and_stacked_geometry():
     for i in range(4):
         s = np.linalg.svd(-np.asarray(u["blocks"]["mlp"]["kernel"][i], np.float64), compute_uv=False)
         assert np.max(np.abs(s - 1)) < 0.01
+
+
+def test_orthogonalize_default_acts_on_matrices_only():
+    """``orthogonalize_via_newton_schulz()`` orthogonalizes matrices (float64 SVD reference) and passes
+    embeddings and vectors through unchanged; naming the kinds normalizes them too."""
+    rng = np.random.default_rng(0)
+    g = {
+        "Dense_0": {"kernel": jnp.asarray(rng.normal(size=(12, 8)), jnp.float32),
+                    "bias": jnp.asarray(rng.normal(size=(8,)), jnp.float32)},
+        "Embed_0": {"embedding": jnp.asarray(rng.normal(size=(10, 8)), jnp.float32)},
+    }  # fmt: skip
+    tx = so.orthogonalize_via_newton_schulz(scale=1.0, ns_coefficients="quintic", ns_steps=12)
+    out, _ = tx.update(g, tx.init(g))
+    u, _, vt = np.linalg.svd(np.asarray(g["Dense_0"]["kernel"], np.float64), full_matrices=False)
+    np.testing.assert_allclose(np.asarray(out["Dense_0"]["kernel"]), u @ vt, atol=0.3)  # quintic band
+    assert np.array_equal(out["Dense_0"]["bias"], g["Dense_0"]["bias"])
+    assert np.array_equal(out["Embed_0"]["embedding"], g["Embed_0"]["embedding"])
+    every = so.orthogonalize_via_newton_schulz(scale=1.0, kinds=("matrix", "embedding", "vector"))
+    out, _ = every.update(g, every.init(g))
+    b, ob = (np.asarray(x, np.float64) for x in (g["Dense_0"]["bias"], out["Dense_0"]["bias"]))
+    np.testing.assert_allclose(ob / np.linalg.norm(ob), b / np.linalg.norm(b), atol=1e-5)  # its direction,
+    assert 0.5 < np.linalg.norm(ob) < 1.5  # at about unit norm (one singular value, inside the iteration's band)
+    assert not np.array_equal(out["Embed_0"]["embedding"], g["Embed_0"]["embedding"])

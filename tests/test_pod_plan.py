@@ -410,7 +410,7 @@ for distribute in (None, False):
     t = so.orthogonalize_via_newton_schulz(scale=1.0, compute_dtype=jnp.bfloat16, distribute=distribute)
     hlo = jax.jit(t.update).lower(abstract, t.init(abstract)).compile().as_text()
     sizes = [int(np.prod([int(d) for d in dims.split(",") if d]))
-             for dims in re.findall(r"= f32\[([\d,]*)\][^ ]* all-reduce\(", hlo)]
+             for dims in re.findall(r"= f32\\[([\\d,]*)\\][^ ]* all-reduce\\(", hlo)]
     print("all-reduce sizes", distribute, sizes)
     if distribute is None:
         assert 64 * 65 // 2 in sizes and max(sizes) == 64 * 65 // 2, sizes

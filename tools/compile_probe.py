@@ -20,7 +20,8 @@ def spec(s):
     return P()
 is_shape = lambda s: isinstance(s, tuple)
 sharded = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, spec(s))), shapes, is_leaf=is_shape)
-tx = {"muon": lambda: so.muon(0.02), "nodist": lambda: so.muon(0.02, distribute=False)}[OPT]()
+tx = {"muon": lambda: so.muon(0.02, flops_per_byte=2000.0),  # an H100 pod's plan, as benchmarks.pod_scale
+      "nodist": lambda: so.muon(0.02, distribute=False)}[OPT]()
 def step(g, p):
     u, _ = tx.update(g, tx.init(p), p)
     return optax.apply_updates(p, u)

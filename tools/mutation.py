@@ -46,12 +46,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: What is mutated (the dual maps, transforms and optimizers).
+#: What is mutated: the whole package (geometry, dual maps with Newton-Schulz, the distributed plan and its
+#: execution, transforms, optimizers, initializers, depth scaling, diagnostics, transfer rules, lab, nn).
 SCOPE = [
-    "spectral_optax/_duals/row_column.py",
-    "spectral_optax/_transforms/*",
-    "spectral_optax/_distributed/execute.py",  # the plan's execution (in _transforms/orthogonalize.py until issue 30)
-    "spectral_optax/_optimizers/*",
+    "spectral_optax/*.py",
+    "spectral_optax/_geometry/*.py",
+    "spectral_optax/_duals/*.py",
+    "spectral_optax/_duals/polar/*.py",
+    "spectral_optax/_distributed/*.py",
+    "spectral_optax/_transforms/*.py",
+    "spectral_optax/_optimizers/*.py",
+    "spectral_optax/diagnostics/*.py",
+    "spectral_optax/lab/*.py",
+    "spectral_optax/nn/*.py",
 ]
 
 #: The unit tests of the transforms and optimizers run against each mutant (the
@@ -70,6 +77,22 @@ TEST_FILES = [
     "tests/test_one_step.py",
     "tests/test_trust_ratio.py",
     "tests/test_geometry.py",
+    "tests/test_trace_geometry.py",
+    "tests/test_golden.py",
+    "tests/test_initializers.py",
+    "tests/test_reinitialize.py",
+    "tests/test_tied_embeddings.py",
+    "tests/test_diagnostics.py",
+    "tests/test_stable_rank.py",
+    "tests/test_coord_check.py",
+    "tests/test_transfer.py",
+    "tests/test_qk_clip.py",
+    "tests/test_normuon.py",
+    "tests/test_nn.py",
+    "tests/test_data.py",
+    "tests/test_regret.py",
+    "tests/test_sweep.py",
+    "tests/test_public_api.py",
     "tests/test_mutation_survivors.py",
 ]
 

@@ -28,7 +28,8 @@ MODULES = (
     ("spectral_optax.nn.nnx", "spectral_optax.nn.nnx", "NNX models."),
     ("spectral_optax.lab", "spectral_optax.lab", "The transfer lab: sweeps, data, plots."),
     ("spectral_optax.transfer", "spectral_optax.transfer", "Transfer rules for horizon, batch size, weight decay."),
-    ("spectral_optax.expert", "spectral_optax.expert", "For experts: coefficient tables, schedules, plans, states, routes."),
+    ("spectral_optax.expert", "spectral_optax.expert",
+     "For experts: coefficient tables, schedules, plans, states, routes."),
 )
 
 _SECTION = re.compile(r"^(\s*)(Args|Arguments|Parameters|Attributes|Returns|Yields|Raises|Example|Examples|Note|"

@@ -215,7 +215,10 @@ def _whole(n: int, axis_name) -> int:
 
 
 def row_direction(m: jax.Array, p: Exponent, *, fan_scaling: bool = True, axis_name=None) -> jax.Array:
-    """:func:`~spectral_optax.expert.row_normalize` without argument checks (for transforms that checked ``p`` at construction)."""
+    """:func:`~spectral_optax.expert.row_normalize` without argument checks.
+
+    For transforms that checked ``p`` at construction.
+    """
     d = lp_dual_direction(m, p, axis=1, axis_name=axis_name)
     if fan_scaling:
         d_in = _whole(m.shape[1], axis_name)

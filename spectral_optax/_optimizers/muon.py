@@ -38,6 +38,7 @@ import optax
 
 from spectral_optax._duals.polar import Coefficients
 from spectral_optax._geometry import (
+    KINDS,
     Geometry,
     GeometryLike,
     GeometryMap,
@@ -102,6 +103,7 @@ def muon(
     adam_nesterov: bool = False,
     mu_dtype: Any = None,
     distribute: bool | None = None,
+    flops_per_byte: float | None = None,
     axis_name: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Muon with geometry-aware routing.
@@ -178,6 +180,8 @@ def muon(
       distribute: spread whole matrices over the mesh's devices for the
         orthogonalization (default: when the updates are on a mesh); see
         :func:`spectral_optax.orthogonalize_via_newton_schulz` and docs/sharding.md.
+      flops_per_byte: the distributed plan's flops per collective byte (default: the device's row of
+        the table in :func:`~spectral_optax.orthogonalize_via_newton_schulz`).
       axis_name: inside ``shard_map`` / ``pmap``: how the parameters are
         sharded (a mesh axis name, a ``PartitionSpec`` or their tree).
 
@@ -205,12 +209,14 @@ def muon(
     # Built once here: validates the Newton-Schulz options at construction.
     orthogonalize = orthogonalize_via_newton_schulz(
         geometry=gmap,
+        kinds=KINDS,  # the routing decides which leaves take the Muon route
         scale=scale,
         ns_coefficients=ns_coefficients,
         ns_steps=ns_steps,
         ns_method=ns_method,
         compute_dtype=compute_dtype,
         distribute=distribute,
+        flops_per_byte=flops_per_byte,
         axis_name=axis_name,
         ns_preconditioning=ns_preconditioning,
     )

@@ -59,6 +59,7 @@ def normuon(
     adam_weight_decay: float = 0.0,
     mu_dtype: Any = None,
     distribute: bool | None = None,
+    flops_per_byte: float | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """NorMuon: :func:`spectral_optax.muon` with each output neuron normalized by its second moment.
 
@@ -106,6 +107,8 @@ def normuon(
       mu_dtype: dtype of the momentum buffers.
       distribute: spread whole matrices over the mesh's devices for the
         orthogonalization (see :func:`spectral_optax.muon`).
+      flops_per_byte: the distributed plan's flops per collective byte (default: the device's row of
+        the table in :func:`~spectral_optax.orthogonalize_via_newton_schulz`).
 
     Returns:
       An ``optax.GradientTransformationExtraArgs``.
@@ -140,4 +143,5 @@ def normuon(
         adam_weight_decay=adam_weight_decay,
         mu_dtype=mu_dtype,
         distribute=distribute,
+        flops_per_byte=flops_per_byte,
     )

@@ -104,7 +104,7 @@ def orthogonalize_via_newton_schulz(
     compute_dtype: Any = None,
     ns_method: str = "auto",
     norm_safety: float | None = None,
-    kinds: Sequence[str] = KINDS,
+    kinds: Sequence[str] = ("matrix",),
     precision: Any = None,
     distribute: bool | None = None,
     axis_name: AxisName = None,
@@ -149,7 +149,9 @@ def orthogonalize_via_newton_schulz(
         rectangular matrices; ``'auto'`` uses it in float32 and float16 when it
         saves flops, see ``newton_schulz_method``).
       norm_safety: Frobenius-normalization safety factor (default per schedule).
-      kinds: geometry kinds to orthogonalize; other leaves pass through.
+      kinds: geometry kinds to orthogonalize (default: matrices only, as ``optax.contrib.muon``
+        orthogonalizes matrices; ``('matrix', 'embedding', 'vector')`` also normalizes embeddings per
+        slice and vectors to unit norm); other leaves pass through.
         (For a vector, ``d_in = 1`` and ``U V^T`` is the vector scaled to
         unit norm, i.e. ``sqrt(d_out)`` times RMS 1 under ``'spectral'``.)
       precision: ``jax.lax.Precision`` of the matmuls.
@@ -320,7 +322,7 @@ def orthogonalization_plan(
     ns_steps: int | None = None,
     compute_dtype: Any = None,
     ns_method: str = "auto",
-    kinds: Sequence[str] = KINDS,
+    kinds: Sequence[str] = ("matrix",),
     precision: Any = None,
     flops_per_byte: float | None = None,
 ) -> OrthogonalizationPlan:

@@ -503,6 +503,7 @@ class ResNet(nn.Module):
         h = nn.relu(nn.LayerNorm(name="ln_final", **kw)(h)).mean(axis=(1, 2))
         return nn.Dense(self.num_classes, kernel_init=self.kernel_init, name="head", **kw)(h)
 
+
 __all__ = [
     "MLPBranch",
     "ResidualMLPBlock",
