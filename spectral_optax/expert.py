@@ -18,6 +18,8 @@ compose their own or inspect what a default chose:
   Parametrization 1) and their learning-rate multipliers;
 * depth-scaling plumbing (the default block / branch patterns, a scaled
   initializer wrapper, the companion learning-rate factor);
+* the collection name under which attention modules record their max logits
+  for :func:`~spectral_optax.qk_clip`.
 
 """
 
@@ -44,6 +46,7 @@ from spectral_optax._transforms.momentum import EmaMomentumState
 from spectral_optax._transforms.neuron_norm import ScaleByNeuronSecondMomentState
 from spectral_optax._transforms.orthogonalize import orthogonalization_plan
 from spectral_optax._transforms.parametrization import ROUTES, lr_multiplier, route_of
+from spectral_optax._transforms.qk_clip import MAX_LOGITS
 from spectral_optax._transforms.spectral import ScaleBySpectralNormState
 from spectral_optax._transforms.weight_decay import DecoupledWeightDecayState
 
@@ -89,4 +92,6 @@ __all__ = [
     "BRANCH_OUT_PATTERN",
     "scale_init",
     "depth_lr_multiplier",
+    # QK-clip.
+    "MAX_LOGITS",
 ]

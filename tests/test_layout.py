@@ -265,3 +265,22 @@ def test_geometry_modules_at_most_600_lines():
     assert len(geometry) >= 8, geometry  # the package, split by idea
     long = {m: n for m, n in long_modules().items() if m in geometry}
     assert not long, long
+
+
+#: What the top layer (``nn``, ``lab``) may import from the rest of the package: the public modules, and the
+#: helpers that depend on nothing.
+PUBLIC = {"spectral_optax", "spectral_optax.initializers", "spectral_optax.diagnostics", "spectral_optax.expert",
+          "spectral_optax.transfer", "spectral_optax._callables", "spectral_optax._numerics"}
+
+
+def test_nn_and_lab_use_the_public_api():
+    """``nn`` and ``lab`` sit on top: they import the package through its public modules only."""
+    graph = import_graph()
+    wrong = sorted(
+        (importer, imported)
+        for importer, targets in graph.items()
+        if importer.startswith(("spectral_optax.nn", "spectral_optax.lab"))
+        for imported in targets
+        if not imported.startswith(("spectral_optax.nn", "spectral_optax.lab")) and imported not in PUBLIC
+    )
+    assert not wrong, wrong

@@ -39,8 +39,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from spectral_optax._depth import residual_alpha, scale_init
-from spectral_optax._transforms.qk_clip import MAX_LOGITS, attention_max_logits
+from spectral_optax import attention_max_logits, residual_alpha
+from spectral_optax.expert import MAX_LOGITS, scale_init
 
 Initializer = Callable[..., Any]
 default_kernel_init = nn.initializers.lecun_normal()

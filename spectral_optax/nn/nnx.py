@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from spectral_optax._depth import residual_alpha, scale_init
-from spectral_optax._transforms.qk_clip import MAX_LOGITS, attention_max_logits
+from spectral_optax import attention_max_logits, residual_alpha
+from spectral_optax.expert import MAX_LOGITS, scale_init
 from spectral_optax.nn.linen import _check_qkv, _multiplier_and_out_scale
 
 Initializer = Callable[..., Any]
