@@ -127,6 +127,11 @@ def muon(
     ``sqrt(max(1, d_out / d_in))`` on layers with ``d_out < d_in``; for the
     exact ``optax.contrib.muon`` update use :func:`~spectral_optax.contrib_muon`.
 
+    The read-out takes the Muon route (``output='muon'``) by default: it
+    transfers better across width than the AdamW head most Muon recipes use,
+    which reaches a lower loss at its own tuned LR (docs/benchmarks.md,
+    "Muon's head route").
+
     ``momentum = 0.95`` with Nesterov, as in Keller Jordan's Muon and
     ``optax.contrib.muon``; :func:`~spectral_optax.normuon` and
     :func:`~spectral_optax.moga` keep their own papers' plain EMA.
