@@ -5,7 +5,7 @@ init as in ``benchmarks.gpt_width``) with ``record_max_logits=True`` on byte-lev
 prediction over the embedded text, trained by ``so.muon`` at a constant (high) learning rate,
 without and with ``so.qk_clip(tau)`` chained after it. Every step records the per-layer max
 logit (max over heads) of the batch; at the end, the weight-only bound
-``so.expert.qk_logit_bound`` (inputs of RMS 1) next to the last step's real max logit.
+``so.diagnostics.qk_logit_bound`` (inputs of RMS 1) next to the last step's real max logit.
 
     python -m benchmarks.qk_clip [--lr 0.2] [--tau 20] [--steps 400] [--width 64] [--depth 2]
         [--seeds 2] [--context 64] [--batch-size 8] [--out DIR] [--json PATH]
@@ -72,7 +72,7 @@ def run(data, *, width, depth, lr, tau, steps, seed, context, batch_size, clip):
     # Real max logit of the final params on a fixed batch, and the weight-only bound.
     xb, yb = data.numpy_batch("train", np.arange(batch_size) * (data.num_train // batch_size))
     _, ml_end = jax.jit(loss_fn)(params, jnp.asarray(xb), jnp.asarray(yb))
-    bound = so.expert.qk_logit_bound(params, geometry, num_heads=max(1, width // 16))["blocks/attn"]
+    bound = so.diagnostics.qk_logit_bound(params, geometry, num_heads=max(1, width // 16))["blocks/attn"]
     tail = max(1, steps // 20)
     return {
         "clip": clip,

@@ -178,7 +178,7 @@ def test_bound_against_svd_and_bound_source_clips_to_tau():
     t = so.qk_clip(tau, source="bound")
     zero = jax.tree.map(jnp.zeros_like, p)
     new = optax.apply_updates(p, t.update(zero, t.init(p), p)[0])
-    assert np.all(np.asarray(so.expert.qk_logit_bound(new)["blocks/attn"]) <= tau * (1 + 1e-4))
+    assert np.all(np.asarray(so.diagnostics.qk_logit_bound(new)["blocks/attn"]) <= tau * (1 + 1e-4))
 
 
 @pytest.mark.parametrize("qkv", [pytest.param("split", marks=pytest.mark.slow), "fused"])
@@ -267,5 +267,5 @@ def test_bf16_params_keep_dtype_and_errors():
         so.qk_clip(-1.0)
     fused = {"attn": {"qkv": {"kernel": _rand(1, D, 3 * D)}}}
     with pytest.raises(ValueError, match="num_heads"):
-        so.expert.qk_logit_bound(fused)
-    assert so.expert.qk_logit_bound(fused, num_heads=N)["attn"].shape == (1, N)
+        so.diagnostics.qk_logit_bound(fused)
+    assert so.diagnostics.qk_logit_bound(fused, num_heads=N)["attn"].shape == (1, N)
