@@ -167,7 +167,7 @@ def route_lr_scale(
     width-independent hyperparameters, tuned at the base width and kept
     (muP's per-group multipliers), e.g. an embedding learning rate 16x the
     global one for ``mup_adamw`` on the byte-level main job
-    (docs/benchmarks.md, "Why the muP family trails SP AdamW at small
+    (docs/lab_log.md, "Why the muP family trails SP AdamW at small
     width")::
 
         optax.chain(so.mup_adamw(lr, base=base), so.route_lr_scale(embedding=16.0))
