@@ -88,7 +88,6 @@ def test_api_page_documents_exactly_all(module_name, title, intro):
     documented = re.findall(r"^\.\. auto(?:class|function|data):: (\w+)$", text, flags=re.M)
     expected = [n for n in module.__all__ if not inspect.ismodule(getattr(module, n))]
     assert documented == expected
-    assert len(documented) == len(module.__all__) - sum(inspect.ismodule(getattr(module, n)) for n in module.__all__)
 
 
 def test_every_public_submodule_has_a_page_in_the_toc():
@@ -103,7 +102,6 @@ def test_every_public_submodule_has_a_page_in_the_toc():
 
 def test_one_return_type():
     """Every public factory of an optax transform is annotated and returns ``GradientTransformationExtraArgs``."""
-    params = {"w": optax.tree_utils.tree_zeros_like({"w": 0.0})["w"]}
     for name in TOP_LEVEL["optimizers"] + TOP_LEVEL["transforms"] + ["depth_residual_scale", "depth_lr_scale"]:
         fn = getattr(so, name)
         if name == "newton_schulz":
@@ -112,10 +110,8 @@ def test_one_return_type():
             "optax.GradientTransformationExtraArgs",
             optax.GradientTransformationExtraArgs,
         ), name
-        kwargs = _required_kwargs(name)
-        tx = fn(**kwargs)
+        tx = fn(**_required_kwargs(name))
         assert isinstance(tx, optax.GradientTransformationExtraArgs), name
-    del params
 
 
 def _required_kwargs(name: str) -> dict:
