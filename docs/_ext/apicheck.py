@@ -14,10 +14,6 @@ import inspect
 import re
 from pathlib import Path
 
-from sphinx.util import logging
-
-logger = logging.getLogger(__name__)
-
 #: (module, page title, intro) in the order of the reference's table of contents.
 MODULES = (
     ("spectral_optax", "spectral_optax", "Optimizers, transforms, geometry, dual maps and depth scaling."),
@@ -123,6 +119,9 @@ def _write_pages(app) -> None:
     api.mkdir(exist_ok=True)
     for module_name, title, intro in MODULES:
         (api / f"{module_name}.rst").write_text(page_text(module_name, title, intro))
+    from sphinx.util import logging  # noqa: PLC0415  (the page and argument checks run without Sphinx, in the tests)
+
+    logger = logging.getLogger(__name__)
     for message in all_problems():
         logger.warning(message, type="apicheck")
 
