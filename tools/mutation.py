@@ -174,8 +174,9 @@ class Runner:
                     if callable(getattr(value, "cache_clear", None)):
                         value.cache_clear()
 
-    def run(self, mutant: str, tests: list[str], timeout: float, plugins=()) -> int:
-        """pytest's exit code for ``tests`` with ``mutant`` active (0: all passed)."""
+    def run(self, mutant: str, tests: list[str], timeout: float, plugins=(), stop_first: bool = True) -> int:
+        """pytest's exit code for ``tests`` with ``mutant`` active (0: all passed); ``stop_first``:
+        at the first failure (``-x``)."""
         self.set_mutant(mutant)
         self._clear_caches()
         self.timed_out = False
@@ -194,7 +195,8 @@ class Runner:
         old = signal.signal(signal.SIGALRM, on_alarm)
         signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
-            return int(self.pytest.main([*tests, *PYTEST_ARGS], plugins=[*plugins, Failures()]))
+            args = PYTEST_ARGS if stop_first else [a for a in PYTEST_ARGS if a != "-x"]
+            return int(self.pytest.main([*tests, *args], plugins=[*plugins, Failures()]))
         except _Timeout:
             return 1
         finally:
@@ -226,7 +228,9 @@ def stats(work: Path, tests: list[str]) -> None:
             state()._stats.clear()
 
     t0 = time.perf_counter()
-    code = runner.run("stats", [t for t in tests if (work / "mutants" / t).exists()], 3600.0, [Collector()])
+    selected = [t for t in tests if (work / "mutants" / t).exists()]
+    code = runner.run("stats", selected, 7200.0, [Collector()], stop_first=False)
+    clean_failures = sorted(runner.failed)  # tests failing on the clean copy: never used to judge a mutant
     old_path = work / "stats.json"
     if old_path.exists():  # merge: a later stats run (e.g. of a new test file) adds to the earlier one
         old = json.loads(old_path.read_text())
@@ -234,16 +238,23 @@ def stats(work: Path, tests: list[str]) -> None:
         for k, v in old["tests_by_function"].items():
             by_function[k] |= {t for t in v if not t.startswith(rerun)}
         duration = {**{t: d for t, d in old["duration_by_test"].items() if not t.startswith(rerun)}, **duration}
+        kept = {t for t in old.get("clean_failures", []) if not t.startswith(rerun)}
+        clean_failures = sorted(kept | set(clean_failures))
+    for k in by_function:
+        by_function[k] -= set(clean_failures)
     out = {
         "exit_code": code,
         "seconds": time.perf_counter() - t0,
         "tests_by_function": {k: sorted(v) for k, v in by_function.items()},
         "duration_by_test": duration,
+        "clean_failures": clean_failures,
     }
     (work / "stats.json").write_text(json.dumps(out, indent=1))
     print(
         f"stats: exit code {code}, {len(duration)} tests, {len(by_function)} functions reached, {out['seconds']:.0f} s"
     )
+    if clean_failures:
+        print("failing on the clean copy (left out of every mutant's tests):", *clean_failures, sep="\n  ")
 
 
 def sync_tests(work: Path) -> None:

@@ -119,7 +119,9 @@ def run_plan(
         pad_b, pad_n = -total % gp.owners, -n % multiple
         if pad_b or pad_n:
             stacked = jnp.pad(stacked, ((0, pad_b), (0, 0), (0, pad_n)))
-        if tiles:
+        if tiles and gp.split > 1:
+            ortho = _split_from_tiles(stacked, orthogonalize, mesh, axes, tiles[:2], gp.owners, gp.split)
+        elif tiles:
             ortho = _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles[:2])
         elif gp.split > 1 and gp.owners == 1 and mesh is not None:
             ortho = _split_everywhere(stacked, orthogonalize, mesh, axes)
@@ -152,8 +154,9 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
         units = [[i] for i in range(len(xs))]
         unit_x, unit_g, unit_s = list(xs), [g for _, g in members], list(ss)
         local = [_fused_local(g, mesh, axes, devices) for g in unit_g]
-    tiles = _common_tiling(members, ss, axes) if gp.split == 1 and gp.packed_with is None and mesh is not None else None
-    if tiles:  # a 2-D tiling, moved to the owners and back by one all-to-all each way
+    tiled = gp.packed_with is None and mesh is not None and (gp.split == 1 or _deals(gp.n, devices))
+    tiles = _common_tiling(members, ss, axes) if tiled else None
+    if tiles:  # a 2-D tiling, moved to the owners (or column blocks) and back by one all-to-all each way
         unit_s = [None] * len(units)
     mats = [
         _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices)
@@ -397,6 +400,34 @@ def _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles):
 
     stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, spec))
     return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(stacked)
+
+
+def _split_from_tiles(stacked, orthogonalize, mesh, axes, tiles, owners, split):
+    """``stacked`` ``(B', m, n)`` tiled ``P(None, rows, cols)`` over the two mesh axes (``n`` a
+    multiple of the ``N`` devices), orthogonalized split in ``split`` column blocks per matrix
+    (:func:`_split_in_groups`, or :func:`_split_everywhere` when ``split = N``). One all-to-all
+    over the rows axis, under ``shard_map``, takes every device's tile to full columns (its
+    tile's columns cut in ``R`` blocks, one per device of its row group): the stack then has a
+    column block of width ``n / N`` on every device, which is declared in device order
+    (``P(None, None, mesh axes)``): a permutation of the columns, which the iteration does not
+    see (``NS(G Q) = NS(G) Q``) and which the inverse all-to-all undoes. XLA's partitioner goes
+    through a one-axis layout, leaf by leaf, with a program that grows as leaves x devices
+    (docs/sharding.md)."""
+    mesh = _context_mesh(mesh)
+    rows, cols = tiles
+    names = tuple(a for a in mesh.axis_names if a in axes)  # device order
+    tiled, columns = P(None, rows, cols), P(None, None, names)
+    barrier = jax.lax.optimization_barrier  # materialized, as in _split_in_groups
+    to_columns = lambda b: jax.lax.all_to_all(barrier(b), rows, 2, 1, tiled=True)
+    to_tiles = lambda b: jax.lax.all_to_all(barrier(b), rows, 1, 2, tiled=True)
+    stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, tiled))
+    spread = jax.shard_map(to_columns, mesh=mesh, in_specs=tiled, out_specs=columns)(stacked)
+    if owners == 1:
+        ortho = _split_everywhere(spread, orthogonalize, mesh, names)
+    else:
+        ortho = _split_in_groups(spread, orthogonalize, mesh, owners, split)
+    ortho = jax.lax.with_sharding_constraint(ortho, jax.sharding.NamedSharding(mesh, columns))
+    return jax.shard_map(to_tiles, mesh=mesh, in_specs=columns, out_specs=tiled)(ortho)
 
 
 def _fused_local(g: Geometry, mesh, axes, devices: int):

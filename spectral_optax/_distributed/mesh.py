@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
 __all__ = [
@@ -118,6 +119,44 @@ def on_auto_axes(fn: Callable, *args, num_outputs: int = 1):
             with jax.sharding.use_abstract_mesh(mesh):
                 return jax.sharding.auto_axes(fn, axes=axes, out_sharding=specs)(*args)
     return fn(*args)
+
+
+def replicated_on_mesh_of(x, params):
+    """``x`` (a small state array made in ``init``) replicated on the mesh of ``params``' shardings,
+    so that the state ``init`` returns has the layout the update returns (``P()`` there); ``x``
+    itself when the parameters are on no mesh (one device, ``shard_map`` / ``pmap`` blocks)."""
+    for leaf in jax.tree.leaves(params):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding) and not isinstance(leaf, jax.core.Tracer):
+            return jax.device_put(x, jax.sharding.NamedSharding(sharding.mesh, P()))
+        mesh = aval_mesh(leaf)
+        if mesh is not None and not mesh.empty and is_explicit(mesh, mesh.axis_names):
+            return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, P()))
+    return x
+
+
+def keeping_state_layout(new_state, state):
+    """``new_state`` with every array leaf on an ``Auto`` mesh tied to the layout of the same leaf of
+    ``state`` (``shard_alike``): XLA's propagation would otherwise carry a layout chosen for the
+    update's own work (the plan's owners, a fused QKV's local cut) back into the momenta that
+    feed it, and the state would change layout, and the step recompile, after the first step.
+    ``Explicit`` meshes (the layout is in the types), ``Manual`` axes and leaves on no mesh are
+    left as they are."""
+
+    def keep(new, old):
+        mesh = aval_mesh(new)
+        if (
+            mesh is None
+            or mesh.empty
+            or getattr(new, "shape", None) != getattr(old, "shape", None)
+            or not getattr(new, "ndim", 0)
+            or set(_axis_types(mesh).values()) != {"Auto"}
+            or aval_mesh(old) is None
+        ):
+            return new
+        return shard_alike(new, old)[0]
+
+    return jax.tree.map(keep, new_state, state)
 
 
 def blocks_local(x, g, devices: int):

@@ -32,6 +32,24 @@ from spectral_optax._geometry import (
 )
 
 
+def on_canonical_view(fn: Callable, g, u, *extras):
+    """``fn(to_matrix(u, g), *extras)`` ``-> (matrix, *new_extras)``, the matrix written back in
+    ``u``'s shape: ``(leaf, *new_extras)``. On ``Explicit`` meshes under ``auto_axes``
+    (:func:`~spectral_optax._distributed.mesh.keeping_specs`: reshapes of sharded axes, the
+    fused-block cut of a QKV leaf, are XLA's to partition), the leaf in ``u``'s
+    ``PartitionSpec``; fused blocks are cut and joined where they are local
+    (:func:`~spectral_optax._distributed.mesh.blocks_local`). ``extras`` (small state, e.g. power
+    iteration vectors) are replicated."""
+    mesh = aval_mesh(u)
+    n = mesh_size(mesh, distribution_axes(mesh)) if mesh is not None and not manual_axes(mesh) else 1
+
+    def one(x, *rest):
+        m, *new = fn(to_matrix(blocks_local(x, g, n), g), *rest)
+        return (blocks_local(from_matrix(m, g), g, n), *new)
+
+    return keeping_specs(one, [u, *extras], mesh)
+
+
 def dual_map_transform(
     dual: Callable[[jax.Array], jax.Array], geometry: GeometryLike = None, axis_name: AxisName = None
 ) -> optax.GradientTransformationExtraArgs:
@@ -40,14 +58,8 @@ def dual_map_transform(
     ``axis_name`` (inside ``shard_map`` / ``pmap``): see ``spectral_optax._distributed.mesh.gathered``."""
     gmap = as_geometry_map(geometry)
 
-    def leaf(g, u):  # on Explicit meshes under auto_axes: fused-block reshapes of sharded axes
-        mesh = aval_mesh(u)
-        n = mesh_size(mesh, distribution_axes(mesh)) if mesh is not None and not manual_axes(mesh) else 1
-
-        def one(x):  # fused blocks cut and joined where they are local (blocks_local)
-            return (blocks_local(from_matrix(dual(to_matrix(blocks_local(x, g, n), g)), g), g, n),)
-
-        return keeping_specs(one, [u], mesh)[0]
+    def leaf(g, u):
+        return on_canonical_view(lambda m: (dual(m),), g, u)[0]
 
     def update_fn(updates, state, params=None, **extra_args):
         del params, extra_args

@@ -93,9 +93,10 @@ def scale_by_neuron_second_moment(
 
     def init_fn(params):
         leaves, geoms, treedef = _leaves_with_geometry(params, gmap)
-        nu = [
-            jnp.zeros((g.num_slices, g.d_out), jnp.promote_types(x.dtype, jnp.float32)) for x, g in zip(leaves, geoms)
-        ]
+        # by the update's own reduction of a zero leaf: the same shape and, on a mesh, the same sharding
+        # (the fan-out axes' layout) as the state the update returns
+        zero = lambda x, g: jnp.mean(to_matrix(jnp.zeros_like(x, jnp.promote_types(x.dtype, jnp.float32)), g), axis=1)
+        nu = [zero(x, g) for x, g in zip(leaves, geoms)]
         return ScaleByNeuronSecondMomentState(nu=jax.tree_util.tree_unflatten(treedef, nu))
 
     def update_fn(updates, state, params=None, **extra_args):

@@ -26,18 +26,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spectral_optax._distributed.mesh import AxisName, gathered
+from spectral_optax._distributed.mesh import AxisName, gathered, replicated_on_mesh_of
 from spectral_optax._duals.embedding import normalize_fan_out_rms
 from spectral_optax._duals.spectral import frobenius_normalize, spectral_normalize_power
 from spectral_optax._geometry import (
     Geometry,
     GeometryLike,
     as_geometry_map,
-    from_matrix,
     map_with_geometry,
-    to_matrix,
 )
-from spectral_optax._transforms.dual import dual_map_transform
+from spectral_optax._transforms.dual import dual_map_transform, on_canonical_view
 
 METHODS = ("frobenius", "power")
 
@@ -128,7 +126,7 @@ def scale_by_spectral_norm(
                 if isinstance(g, Geometry) and g.kind == "matrix":
                     key = jax.random.fold_in(jax.random.key(0), len(vectors) - 1)
                     vectors.append(jax.random.normal(key, (g.num_slices * g.d_out,), jnp.float32))
-        return ScaleBySpectralNormState(count, jnp.concatenate(vectors))
+        return ScaleBySpectralNormState(count, replicated_on_mesh_of(jnp.concatenate(vectors), params))
 
     def update_fn(updates, state, params=None, **extra_args):
         del params, extra_args
@@ -137,19 +135,23 @@ def scale_by_spectral_norm(
         new_vectors = [jnp.zeros((0,), jnp.float32)]
 
         def leaf(g: Geometry, u):
-            m = to_matrix(u, g)
+            target = lambda d: d * jnp.asarray(g.target_spectral_norm, d.dtype)
             if g.kind != "matrix":
-                return from_matrix(normalize_fan_out_rms(m), g)
+                return on_canonical_view(lambda m: (normalize_fan_out_rms(m),), g, u)[0]
             if method == "frobenius":
-                d = frobenius_normalize(m)
-            else:
-                nonlocal offset
-                size = g.num_slices * g.d_out
-                v = state.right_vectors[offset : offset + size].reshape(g.num_slices, g.d_out)
-                offset += size
-                d, v = spectral_normalize_power(m, v, iterations)
-                new_vectors.append(v.reshape(-1).astype(jnp.float32))
-            return from_matrix(d * jnp.asarray(g.target_spectral_norm, d.dtype), g)
+                return on_canonical_view(lambda m: (target(frobenius_normalize(m)),), g, u)[0]
+            nonlocal offset
+            size = g.num_slices * g.d_out
+            v = state.right_vectors[offset : offset + size].reshape(g.num_slices, g.d_out)
+            offset += size
+
+            def power(m, v, steps):  # (steps an argument: typed on the view's mesh, as v)
+                d, v = spectral_normalize_power(m, v, steps)
+                return target(d), v, steps
+
+            d, v, _ = on_canonical_view(power, g, u, v, iterations)
+            new_vectors.append(v.reshape(-1).astype(jnp.float32))
+            return d
 
         new_updates = map_with_geometry(leaf, geometry, updates, skip_empty=True)
         count = optax.safe_increment(state.count)

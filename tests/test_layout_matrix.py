@@ -103,6 +103,8 @@ def close(a, b, name):
 
 def same_layout(got, want, what):
     for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)):
+        if "ns_coeffs" in jax.tree_util.keystr(path):
+            continue  # optax.contrib.muon's own constant (the peer's init, not ours): on one device
         if getattr(x, "ndim", 0) and hasattr(y, "sharding"):
             assert x.sharding.is_equivalent_to(y.sharding, x.ndim), (what, path, x.sharding, y.sharding)
 
@@ -130,7 +132,15 @@ for opt, axis_type, layout, tree_name in CASES:
     p, g = put(params), put(grads)
     state = tx.init(p)
     step = jax.jit(tx.update)
-    _, state1 = step(g, state, p)
+    try:
+        _, state1 = step(g, state, p)
+    except Exception as e:  # noqa: BLE001  (jax._src.core.ShardingTypeError, not public)
+        # optax.contrib.muon (the peer) does not run on Explicit meshes that shard a contracted axis
+        # (docs/sharding.md); every spectral_optax optimizer must
+        if opt != "contrib_muon" or axis_type != "Explicit" or type(e).__name__ != "ShardingTypeError":
+            raise
+        print("ok", opt, axis_type, layout, tree_name, "(the peer's sharding error)", flush=True)
+        continue
     same_layout(state1, state, "state")
     u, state2 = step(g, state1, p)
     same_layout(u, p, "updates")
@@ -153,7 +163,7 @@ def covering_cases():
 def _run(cases, timeout=1500):
     out = run_script(f"CASES = {cases!r}\n" + SCRIPT, devices=8, timeout=timeout)
     for case in cases:
-        assert "ok " + " ".join(case) + "\n" in out, (case, out[-3000:])
+        assert "ok " + " ".join(case) + "\n" in out or "ok " + " ".join(case) + " (" in out, (case, out[-3000:])
 
 
 def test_covering_cases_cover_every_pair():
