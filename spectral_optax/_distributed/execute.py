@@ -119,8 +119,10 @@ def run_plan(
         pad_b, pad_n = -total % gp.owners, -n % multiple
         if pad_b or pad_n:
             stacked = jnp.pad(stacked, ((0, pad_b), (0, 0), (0, pad_n)))
-        if tiles and gp.split > 1:
-            ortho = _split_from_tiles(stacked, orthogonalize, mesh, axes, tiles[:2], gp.owners, gp.split)
+        if tiles == _COLUMNS and gp.owners == 1:
+            ortho = _split_everywhere(stacked, orthogonalize, mesh, _mesh_order(mesh, axes))
+        elif tiles == _COLUMNS:
+            ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, gp.split)
         elif tiles:
             ortho = _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles[:2])
         elif gp.split > 1 and gp.owners == 1 and mesh is not None:
@@ -154,9 +156,12 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
         units = [[i] for i in range(len(xs))]
         unit_x, unit_g, unit_s = list(xs), [g for _, g in members], list(ss)
         local = [_fused_local(g, mesh, axes, devices) for g in unit_g]
-    tiled = gp.packed_with is None and mesh is not None and (gp.split == 1 or _deals(gp.n, devices))
-    tiles = _common_tiling(members, ss, axes) if tiled else None
-    if tiles:  # a 2-D tiling, moved to the owners (or column blocks) and back by one all-to-all each way
+    if gp.split > 1 and gp.packed_with is None and mesh is not None and _deals(gp.n, devices):
+        tilings = _wide_tilings([g for _, g in members], ss, axes) if len(units) == len(xs) else None
+        if tilings:  # 2-D tilings: to full columns and back by one all-to-all per tiling each way
+            return _stage_columns(tilings, members, xs, scale_of, compute_dtype, coefficients, mesh, axes)
+    tiles = _common_tiling(members, ss, axes) if gp.split == 1 and gp.packed_with is None and mesh is not None else None
+    if tiles:  # a 2-D tiling, moved to the owners and back by one all-to-all each way
         unit_s = [None] * len(units)
     mats = [
         _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices)
@@ -402,32 +407,81 @@ def _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles):
     return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(stacked)
 
 
-def _split_from_tiles(stacked, orthogonalize, mesh, axes, tiles, owners, split):
-    """``stacked`` ``(B', m, n)`` tiled ``P(None, rows, cols)`` over the two mesh axes (``n`` a
-    multiple of the ``N`` devices), orthogonalized split in ``split`` column blocks per matrix
-    (:func:`_split_in_groups`, or :func:`_split_everywhere` when ``split = N``). One all-to-all
-    over the rows axis, under ``shard_map``, takes every device's tile to full columns (its
-    tile's columns cut in ``R`` blocks, one per device of its row group): the stack then has a
-    column block of width ``n / N`` on every device, which is declared in device order
-    (``P(None, None, mesh axes)``): a permutation of the columns, which the iteration does not
-    see (``NS(G Q) = NS(G) Q``) and which the inverse all-to-all undoes. XLA's partitioner goes
-    through a one-axis layout, leaf by leaf, with a program that grows as leaves x devices
-    (docs/sharding.md)."""
+#: The staged route of a split group whose matrices are 2-D tiles (:func:`_stage_columns`).
+_COLUMNS = "columns"
+
+
+def _mesh_order(mesh, axes) -> tuple[str, ...]:
+    """``axes`` in the order of ``mesh``'s axes (the devices' order over them)."""
+    return tuple(a for a in _context_mesh(mesh).axis_names if a in axes)
+
+
+def _wide_tilings(geoms, specs, axes):
+    """Per matrix, ``(rows axis, columns axis)`` of its wide view when every one is a plain 2-D leaf
+    tiled over the two mesh axes ``axes`` (FSDP x tensor parallel, either orientation); else ``None``."""
+    out = []
+    for g, spec in zip(geoms, specs):
+        if spec is None or len(g.shape) != 2 or g.fan_out_splits != 1 or g.batch_axes:
+            return None
+        rows, cols = spec[g.fan_in_axes[0]], spec[g.fan_out_axes[0]]
+        tiling = (cols, rows) if g.d_in > g.d_out else (rows, cols)
+        if not all(isinstance(a, str) for a in tiling) or tiling[0] == tiling[1] or set(tiling) != set(axes):
+            return None
+        out.append(tiling)
+    return out
+
+
+def _columns_of_tiles(block, mesh, tiling, names, back: bool = False):
+    """A stack ``(B, m, n)`` tiled ``P(None, rows, cols)`` to a column block of width ``n / N`` on every
+    device, declared in device order (``P(None, None, names)``), by one all-to-all over the rows axis
+    under ``shard_map`` (each tile's columns cut in one block per device of its row group); ``back``:
+    the inverse. The columns come out permuted (device ``(r, c)`` holds block ``c R + r``), which the
+    iteration does not see (``NS(G Q) = NS(G) Q``) and ``back`` undoes."""
     mesh = _context_mesh(mesh)
-    rows, cols = tiles
-    names = tuple(a for a in mesh.axis_names if a in axes)  # device order
+    rows, cols = tiling
     tiled, columns = P(None, rows, cols), P(None, None, names)
     barrier = jax.lax.optimization_barrier  # materialized, as in _split_in_groups
-    to_columns = lambda b: jax.lax.all_to_all(barrier(b), rows, 2, 1, tiled=True)
-    to_tiles = lambda b: jax.lax.all_to_all(barrier(b), rows, 1, 2, tiled=True)
-    stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, tiled))
-    spread = jax.shard_map(to_columns, mesh=mesh, in_specs=tiled, out_specs=columns)(stacked)
-    if owners == 1:
-        ortho = _split_everywhere(spread, orthogonalize, mesh, names)
-    else:
-        ortho = _split_in_groups(spread, orthogonalize, mesh, owners, split)
-    ortho = jax.lax.with_sharding_constraint(ortho, jax.sharding.NamedSharding(mesh, columns))
-    return jax.shard_map(to_tiles, mesh=mesh, in_specs=columns, out_specs=tiled)(ortho)
+    if back:
+        body = lambda b: jax.lax.all_to_all(barrier(b), rows, 1, 2, tiled=True)
+        return jax.shard_map(body, mesh=mesh, in_specs=columns, out_specs=tiled)(block)
+    block = jax.lax.with_sharding_constraint(block, jax.sharding.NamedSharding(mesh, tiled))
+    body = lambda b: jax.lax.all_to_all(barrier(b), rows, 2, 1, tiled=True)
+    return jax.shard_map(body, mesh=mesh, in_specs=tiled, out_specs=columns)(block)
+
+
+def _stage_columns(tilings, members, xs, scale_of, compute_dtype, coefficients, mesh, axes):
+    """A split group of 2-D tiled matrices (:func:`_wide_tilings`) staged with its columns over every
+    device (what :func:`_split_in_groups` and :func:`_split_everywhere` take), each tiling's matrices
+    moved by one all-to-all (:func:`_columns_of_tiles`) instead of XLA's partitioner, whose program
+    goes through a one-axis layout leaf by leaf and grows as leaves x devices (Llama 6.7B on a
+    ``32 x 8`` mesh: no compile in 15 minutes; docs/sharding.md). ``(stacked, _COLUMNS, finish)``
+    as :func:`_stage`."""
+    names = _mesh_order(mesh, axes)
+    classes: dict = {}
+    for i, tiling in enumerate(tilings):
+        classes.setdefault(tiling, []).append(i)
+    mats = [to_wide(x, g) for x, (_, g) in zip(xs, members)]
+    dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
+    parts = []
+    for tiling, idx in classes.items():
+        block = jnp.concatenate([mats[i].astype(dtype) for i in idx], axis=0) if len(idx) > 1 else mats[idx[0]]
+        parts.append(_columns_of_tiles(block.astype(dtype), mesh, tiling, names))
+    stacked = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+
+    def finish(ortho):
+        start, done = 0, {}
+        for tiling, idx in classes.items():
+            count = sum(members[i][1].num_slices for i in idx)
+            block = _columns_of_tiles(ortho[start : start + count], mesh, tiling, names, back=True)
+            start += count
+            at = 0
+            for i in idx:
+                g = members[i][1]
+                done[i] = from_wide(block[at : at + g.num_slices], g, scale_of(g), xs[i].dtype)
+                at += g.num_slices
+        return [shard_alike(done[i], x)[0] for i, x in enumerate(xs)]
+
+    return stacked, _COLUMNS, finish
 
 
 def _fused_local(g: Geometry, mesh, axes, devices: int):
