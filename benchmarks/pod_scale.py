@@ -24,7 +24,10 @@ program, per optimizer (``muon``, ``muon(distribute=False)``,
 Trees: ``gpt2xl`` (d 1600, 48 blocks, fused ``c_attn`` (d, 3d), tied
 embedding), ``llama1b`` (d 2048, 16 blocks, q / k / v / o, SwiGLU 8192, vocab
 32000, untied head), ``llama7b`` (d 4096, 32 blocks, SwiGLU 11008, vocab
-32000, untied head). ``--scan``: every block parameter stacked on a leading
+32000, untied head), ``qwen05b`` (Qwen2.5-0.5B's shapes: d 896 = 7 x 128, 24 blocks, GQA
+k / v of width 128, SwiGLU 4864, vocab 151936, tied head: sizes that few mesh axes divide).
+``--layout tiles`` (with ``--tp``): every kernel ``P('data', 'model')`` on its (fan-in, fan-out)
+instead of Megatron's column / row parallel split. ``--scan``: every block parameter stacked on a leading
 layer axis (``nn.scan`` layout), its geometry given as an override.
 
 ``--ns-dtype bfloat16``: muon's iteration in bfloat16, the default on GPU / TPU (a pod), compiled
@@ -35,7 +38,7 @@ CPU backend promotes every bfloat16 collective to float32 (its ``all-reduce-prom
 partitioning, before those passes (``--xla_dump_to``, pass ``all_to_all_decomposer``): what a GPU
 or TPU moves.
 
-``python -m benchmarks.pod_scale --devices N --tree gpt2xl|llama1b|llama7b [--scan] [--tp K]
+``python -m benchmarks.pod_scale --devices N --tree gpt2xl|llama1b|llama7b|qwen05b [--scan] [--tp K] [--layout tiles]
 [--mesh explicit|auto] [--optimizers a,b] [--plan] [--ns-dtype bfloat16] --json PATH``
 """
 
@@ -79,6 +82,7 @@ TREES = {  # d, blocks, MLP width, vocab, kind
     "gpt2xl": (1600, 48, 6400, 50304, "gpt2"),
     "llama1b": (2048, 16, 8192, 32000, "llama"),
     "llama7b": (4096, 32, 11008, 32000, "llama"),
+    "qwen05b": (896, 24, 4864, 151936, "qwen"),  # GQA k / v of width 128, tied head, d = 7 x 128
 }
 #: parameter names whose fan-out (else fan-in) is split over 'model' with --tp (Megatron layout)
 COLUMN_PARALLEL = ("q", "k", "v", "gate", "up", "c_attn", "c_fc")
@@ -112,12 +116,15 @@ def tree_shapes(name: str, scan: bool = False):
         }  # fmt: skip
         top = {"wte": {"embedding": (vocab, d)}, "wpe": {"embedding": (1024, d)}, "ln_f": {"scale": (d,), "bias": (d,)}}
     else:
+        kv = 128 if kind == "qwen" else d  # GQA: k / v narrower than q
         block = {
             "attn_norm": {"scale": (d,)}, "mlp_norm": {"scale": (d,)},
-            "attn": {n: {"kernel": (d, d)} for n in ("q", "k", "v", "o")},
+            "attn": {n: {"kernel": (d, kv if n in ("k", "v") else d)} for n in ("q", "k", "v", "o")},
             "mlp": {"gate": {"kernel": (d, f)}, "up": {"kernel": (d, f)}, "down": {"kernel": (f, d)}},
         }  # fmt: skip
-        top = {"embed": {"embedding": (vocab, d)}, "norm": {"scale": (d,)}, "lm_head": {"kernel": (d, vocab)}}
+        top = {"embed": {"embedding": (vocab, d)}, "norm": {"scale": (d,)}}
+        if kind != "qwen":  # qwen: the head is the tied embedding
+            top["lm_head"] = {"kernel": (d, vocab)}
     is_shape = lambda s: isinstance(s, tuple)
     geometry: dict = {}
     if scan:
@@ -132,14 +139,23 @@ def tree_shapes(name: str, scan: bool = False):
     return top, geometry
 
 
-def partition_specs(shapes, data: int, tp: int):
-    """FSDP over 'data' on the largest divisible axis (and Megatron TP over 'model' with ``tp > 1``)."""
+def partition_specs(shapes, data: int, tp: int, layout: str = "megatron"):
+    """FSDP over 'data' on the largest divisible axis (and Megatron TP over 'model' with ``tp > 1``).
+
+    ``layout='tiles'`` (with ``tp > 1``): every kernel's fan-in (axis -2) over 'data' and fan-out
+    (axis -1) over 'model', where they divide (the embedding's vocabulary over 'data', its width over
+    'model'): the 2-D FSDP x TP layout of a user who shards every matrix the same way."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda s: isinstance(s, tuple))
     specs = []
     for path, shape in flat:
         entries: list = [None] * len(shape)
         names = [getattr(k, "key", "") for k in path]
-        if tp > 1 and len(shape) >= 2:
+        if layout == "tiles" and tp > 1 and len(shape) >= 2:
+            if shape[-1] % tp == 0:
+                entries[-1] = "model"
+            if shape[-2] % data == 0:
+                entries[-2] = "data"
+        elif tp > 1 and len(shape) >= 2:
             axis = len(shape) - 1 if names[-2] in COLUMN_PARALLEL or names[-1] == "embedding" else len(shape) - 2
             if shape[axis] % tp == 0:
                 entries[axis] = "model"
@@ -189,7 +205,8 @@ def program_bytes() -> int | None:
 
 
 def measure(tree: str, n: int, mesh_kind: str = "explicit", tp: int = 1, scan: bool = False,
-            optimizers=None, tokens: int = 2**20, plan: bool = False, ns_dtype=None) -> list[dict]:  # fmt: skip
+            optimizers=None, tokens: int = 2**20, plan: bool = False, ns_dtype=None,
+            layout: str = "megatron") -> list[dict]:  # fmt: skip
     shapes, geometry = tree_shapes(tree, scan)
     is_shape = lambda s: isinstance(s, tuple)
     mode = AxisType.Explicit if mesh_kind == "explicit" else AxisType.Auto
@@ -197,7 +214,7 @@ def measure(tree: str, n: int, mesh_kind: str = "explicit", tp: int = 1, scan: b
         raise SystemExit(f"--tp {tp} must divide --devices {n}")
     axis_shape, names = ((n // tp, tp), ("data", "model")) if tp > 1 else ((n,), ("data",))
     mesh = jax.make_mesh(axis_shape, names, axis_types=(mode,) * len(names), devices=jax.devices()[:n])
-    specs = partition_specs(shapes, n // tp, tp)
+    specs = partition_specs(shapes, n // tp, tp, layout)
     sharded = jax.tree.map(lambda s, sp: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, sp)),
                            shapes, specs, is_leaf=is_shape)  # fmt: skip
     plain = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), shapes, is_leaf=is_shape)
@@ -219,7 +236,8 @@ def measure(tree: str, n: int, mesh_kind: str = "explicit", tp: int = 1, scan: b
         if optimizers and name not in optimizers:
             continue
         tx = make(geometry, ns_dtype)
-        row: dict = {"tree": tree, "scan": scan, "devices": n, "tp": tp, "mesh": mesh_kind, "optimizer": name,
+        row: dict = {"tree": tree, "scan": scan, "devices": n, "tp": tp, "layout": layout, "mesh": mesh_kind,
+                     "optimizer": name,
                      "ns_dtype": None if ns_dtype is None else jnp.dtype(ns_dtype).name,
                      "params": num_params, "shard_bytes": shard_bytes, "largest_matrix_bytes": largest}  # fmt: skip
         try:
@@ -252,6 +270,8 @@ def main(argv=None):
     ap.add_argument("--tree", choices=sorted(TREES), default="llama1b")
     ap.add_argument("--scan", action="store_true", help="stacked (nn.scan) block parameters, layer axis first")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size: a ('data', 'model') = (N/K, K) mesh")
+    ap.add_argument("--layout", choices=("megatron", "tiles"), default="megatron",
+                    help="with --tp: Megatron TP (column / row parallel) or every kernel P('data', 'model')")
     ap.add_argument("--mesh", choices=("explicit", "auto"), default="explicit")
     ap.add_argument("--optimizers", default=None, help=f"comma-separated subset of {list(OPTIMIZERS)}")
     ap.add_argument("--tokens", type=int, default=2**20, help="tokens per step for the step share (default 1M)")
@@ -266,7 +286,7 @@ def main(argv=None):
     if _DUMP is not None:
         atexit.register(shutil.rmtree, _DUMP, True)
     rows = measure(args.tree, args.devices, args.mesh, args.tp, args.scan, opts, args.tokens, args.plan,
-                   None if args.ns_dtype is None else jnp.dtype(args.ns_dtype))  # fmt: skip
+                   None if args.ns_dtype is None else jnp.dtype(args.ns_dtype), args.layout)  # fmt: skip
     if args.json:
         meta = {"jax": jax.__version__, "backend": jax.default_backend(), "argv": argv,
                 "date": time.strftime("%Y-%m-%d", time.gmtime())}  # fmt: skip
