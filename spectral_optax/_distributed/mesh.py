@@ -137,11 +137,11 @@ def replicated_on_mesh_of(x, params):
 
 def keeping_state_layout(new_state, state):
     """``new_state`` with every array leaf on an ``Auto`` mesh tied to the layout of the same leaf of
-    ``state`` (``shard_alike``): XLA's propagation would otherwise carry a layout chosen for the
-    update's own work (the plan's owners, a fused QKV's local cut) back into the momenta that
-    feed it, and the state would change layout, and the step recompile, after the first step.
-    ``Explicit`` meshes (the layout is in the types), ``Manual`` axes and leaves on no mesh are
-    left as they are."""
+    ``state`` (``shard_alike``; also the updates to the gradients they were computed from). XLA's
+    propagation would otherwise carry a layout chosen for the update's own work (the plan's owners, a
+    fused QKV's local cut) back into the momenta that feed it, and the state would change layout,
+    and the step recompile, after the first step. ``Explicit`` meshes (the layout is in the types),
+    ``Manual`` axes and leaves on no mesh are left as they are."""
 
     def keep(new, old):
         mesh = aval_mesh(new)

@@ -108,13 +108,13 @@ def train_float_leaves(
     kind ``'vector'``). With ``gmap``, a regex override of the optimizer's
     geometry that matches no parameter path is rejected (a
     :class:`~spectral_optax.GeometryError` listing the paths) the first time
-    the tree is seen. On an ``Auto`` mesh the new state keeps the layout of the state it was
-    computed from (:func:`~spectral_optax._distributed.mesh.keeping_state_layout`).
+    the tree is seen. On an ``Auto`` mesh the updates keep the gradients' layout and the new
+    state the layout of the state it was computed from (:func:`~spectral_optax._distributed.mesh.keeping_state_layout`).
     """
     inner = optax.partition({"train": tx, "frozen": _zero_update()}, lambda params: _trainable_labels(params, gmap))
 
     def update_fn(updates, state, params=None, **extra_args):
         new_updates, new_state = inner.update(updates, state, params, **extra_args)
-        return new_updates, keeping_state_layout(new_state, state)
+        return keeping_state_layout(new_updates, updates), keeping_state_layout(new_state, state)
 
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)

@@ -26,13 +26,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from spectral_optax._distributed.mesh import replicated_on_mesh_of
 from spectral_optax._geometry import (
     GeometryLike,
     as_geometry_map,
-    from_matrix,
     path_str,
-    to_matrix,
 )
+from spectral_optax._transforms.dual import on_canonical_view
 from spectral_optax._transforms.orthogonalize import orthogonal_update_scale
 
 __all__ = ["ScaleByNeuronSecondMomentState", "scale_by_neuron_second_moment"]
@@ -93,10 +93,9 @@ def scale_by_neuron_second_moment(
 
     def init_fn(params):
         leaves, geoms, treedef = _leaves_with_geometry(params, gmap)
-        # by the update's own reduction of a zero leaf: the same shape and, on a mesh, the same sharding
-        # (the fan-out axes' layout) as the state the update returns
-        zero = lambda x, g: jnp.mean(to_matrix(jnp.zeros_like(x, jnp.promote_types(x.dtype, jnp.float32)), g), axis=1)
-        nu = [zero(x, g) for x, g in zip(leaves, geoms)]
+        # replicated on the parameters' mesh, as the update keeps it (a small (slices, d_out) array)
+        zero = lambda x, g: jnp.zeros((g.num_slices, g.d_out), jnp.promote_types(x.dtype, jnp.float32))
+        nu = [replicated_on_mesh_of(zero(x, g), params) for x, g in zip(leaves, geoms)]
         return ScaleByNeuronSecondMomentState(nu=jax.tree_util.tree_unflatten(treedef, nu))
 
     def update_fn(updates, state, params=None, **extra_args):
@@ -105,14 +104,19 @@ def scale_by_neuron_second_moment(
         nus = treedef.flatten_up_to(state.nu)
         out, new_nu = [], []
         for x, g, nu in zip(leaves, geoms, nus):
-            o = to_matrix(x, g).astype(nu.dtype)  # (slices, d_in, d_out)
-            nu = beta * nu + (1 - beta) * jnp.mean(jnp.square(o), axis=1)
-            o2 = o / (jnp.sqrt(nu)[:, None, :] + eps)
-            n1 = jnp.sqrt(jnp.sum(jnp.square(o), axis=(1, 2), keepdims=True))
-            n2 = jnp.sqrt(jnp.sum(jnp.square(o2), axis=(1, 2), keepdims=True))
-            ratio = jnp.where(n2 > 0, n1 / jnp.where(n2 > 0, n2, 1), 0)
-            block = o2 * ratio * orthogonal_update_scale(g, scale)
-            out.append(from_matrix(block.astype(x.dtype), g))
+            # (beta, eps arguments, as nu: typed on the view's mesh, also when injected hyperparameters)
+            def leaf(m, nu, beta, eps, g=g, dtype=x.dtype):  # m: (slices, d_in, d_out)
+                o = m.astype(nu.dtype)
+                nu = beta * nu + (1 - beta) * jnp.mean(jnp.square(o), axis=1)
+                o2 = o / (jnp.sqrt(nu)[:, None, :] + eps)
+                n1 = jnp.sqrt(jnp.sum(jnp.square(o), axis=(1, 2), keepdims=True))
+                n2 = jnp.sqrt(jnp.sum(jnp.square(o2), axis=(1, 2), keepdims=True))
+                ratio = jnp.where(n2 > 0, n1 / jnp.where(n2 > 0, n2, 1), 0)
+                return (o2 * ratio * orthogonal_update_scale(g, scale)).astype(dtype), nu, beta, eps
+
+            hyper = (jnp.asarray(beta, nu.dtype), jnp.asarray(eps, nu.dtype))
+            block, nu, *_ = on_canonical_view(leaf, g, x, nu, *hyper)  # (Explicit meshes: a fused QKV's reshape)
+            out.append(block)
             new_nu.append(nu)
         return (
             jax.tree_util.tree_unflatten(treedef, out),
