@@ -2,8 +2,9 @@
 
 Each case jits one update on sharded arrays and checks that it equals the same update on
 one device (float32, relative 1e-5 of each leaf's scale) and that the updates keep the
-parameters' shardings and the new state its input state's (the shardings jit returns,
-compared by ``is_equivalent_to``). Layouts (a kernel's fan-in / fan-out from its geometry;
+parameters' shardings and, on Explicit meshes, the new state its input state's (the shardings
+jit returns, compared by ``is_equivalent_to``; on Auto meshes the state's layout is XLA's
+choice). Layouts (a kernel's fan-in / fan-out from its geometry;
 an axis is sharded only where the mesh axis divides it):
 
 * ``one``: a mesh of one device;
@@ -141,10 +142,14 @@ for opt, axis_type, layout, tree_name in CASES:
             raise
         print("ok", opt, axis_type, layout, tree_name, "(the peer's sharding error)", flush=True)
         continue
-    same_layout(state1, state, "state")
+    # the state's layout is checked on Explicit meshes (in the types); on Auto meshes it is XLA's
+    # choice and may change after the first step (the documented deviation, docs/sharding.md)
+    if axis_type == "Explicit":
+        same_layout(state1, state, "state")
     u, state2 = step(g, state1, p)
     same_layout(u, p, "updates")
-    same_layout(state2, state, "state")
+    if axis_type == "Explicit":
+        same_layout(state2, state, "state")
     for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(u)[0], jax.tree.leaves(reference[(opt, tree_name)])):
         close(x, y, f"{opt} {axis_type} {layout} {tree_name} {jax.tree_util.keystr(path)}")
     print("ok", opt, axis_type, layout, tree_name, flush=True)

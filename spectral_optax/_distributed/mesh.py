@@ -135,28 +135,25 @@ def replicated_on_mesh_of(x, params):
     return x
 
 
-def keeping_state_layout(new_state, state):
-    """``new_state`` with every array leaf on an ``Auto`` mesh tied to the layout of the same leaf of
-    ``state`` (``shard_alike``; also the updates to the gradients they were computed from). XLA's
-    propagation would otherwise carry a layout chosen for the update's own work (the plan's owners, a
-    fused QKV's local cut) back into the momenta that feed it, and the state would change layout,
-    and the step recompile, after the first step. ``Explicit`` meshes (the layout is in the types),
-    ``Manual`` axes and leaves on no mesh are left as they are."""
+def keeping_layout(new, old_tree):
+    """``new`` (the updates) with every array leaf traced under ``jit`` on an ``Auto`` mesh tied to
+    the layout of the same leaf of ``old_tree`` (the gradients, ``shard_alike``): XLA's propagation
+    would otherwise hand back a layout chosen for the update's own work (the plan's owners, a fused
+    QKV's local cut; a replicated ``c_proj``'s update came back ``P('data')``). ``Explicit`` meshes
+    (the layout is in the types) and ``Manual`` axes are left as they are. The optimizer state is
+    not tied: on ``Auto`` meshes its layout is XLA's choice (docs/sharding.md)."""
 
     def keep(new, old):
-        mesh = aval_mesh(new)
-        if (
-            mesh is None
-            or mesh.empty
-            or getattr(new, "shape", None) != getattr(old, "shape", None)
-            or not getattr(new, "ndim", 0)
-            or set(_axis_types(mesh).values()) != {"Auto"}
-            or aval_mesh(old) is None
-        ):
+        if not isinstance(new, jax.core.Tracer) or not isinstance(old, jax.core.Tracer):
+            return new  # eager (nothing to propagate) or a constant
+        if getattr(new, "shape", None) != getattr(old, "shape", None) or not getattr(new, "ndim", 0):
             return new
+        mesh = aval_mesh(new)  # None under jit without a mesh context: Auto shardings are not in the types
+        if mesh is not None and not mesh.empty and set(_axis_types(mesh).values()) != {"Auto"}:
+            return new  # Explicit (in the types) or Manual (shard_map blocks)
         return shard_alike(new, old)[0]
 
-    return jax.tree.map(keep, new_state, state)
+    return jax.tree.map(keep, new, old_tree)
 
 
 def blocks_local(x, g, devices: int):

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spectral_optax._distributed.mesh import keeping_state_layout
+from spectral_optax._distributed.mesh import keeping_layout
 from spectral_optax._geometry import Geometry, GeometryMap, label_by_geometry, path_str
 
 __all__ = ["geometry_partition", "train_float_leaves"]
@@ -108,13 +108,13 @@ def train_float_leaves(
     kind ``'vector'``). With ``gmap``, a regex override of the optimizer's
     geometry that matches no parameter path is rejected (a
     :class:`~spectral_optax.GeometryError` listing the paths) the first time
-    the tree is seen. On an ``Auto`` mesh the updates keep the gradients' layout and the new
-    state the layout of the state it was computed from (:func:`~spectral_optax._distributed.mesh.keeping_state_layout`).
+    the tree is seen. On an ``Auto`` mesh the updates keep the gradients' layout
+    (:func:`~spectral_optax._distributed.mesh.keeping_layout`).
     """
     inner = optax.partition({"train": tx, "frozen": _zero_update()}, lambda params: _trainable_labels(params, gmap))
 
     def update_fn(updates, state, params=None, **extra_args):
         new_updates, new_state = inner.update(updates, state, params, **extra_args)
-        return keeping_state_layout(new_updates, updates), keeping_state_layout(new_state, state)
+        return keeping_layout(new_updates, updates), new_state
 
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)

@@ -104,17 +104,21 @@ def scale_by_neuron_second_moment(
         nus = treedef.flatten_up_to(state.nu)
         out, new_nu = [], []
         for x, g, nu in zip(leaves, geoms, nus):
-            # (beta, eps arguments, as nu: typed on the view's mesh, also when injected hyperparameters)
-            def leaf(m, nu, beta, eps, g=g, dtype=x.dtype):  # m: (slices, d_in, d_out)
+            # injected (traced) beta, eps as arguments, as nu: typed on the view's mesh inside auto_axes;
+            # Python numbers stay constants (the float64 arithmetic of 1 - beta, bit for bit)
+            hyper = () if all(isinstance(v, (int, float)) for v in (beta, eps)) else (beta, eps)
+            hyper = tuple(jnp.asarray(v, nu.dtype) for v in hyper)
+
+            def leaf(m, nu, *hp, g=g, dtype=x.dtype):  # m: (slices, d_in, d_out)
+                b, e = hp if hp else (beta, eps)
                 o = m.astype(nu.dtype)
-                nu = beta * nu + (1 - beta) * jnp.mean(jnp.square(o), axis=1)
-                o2 = o / (jnp.sqrt(nu)[:, None, :] + eps)
+                nu = b * nu + (1 - b) * jnp.mean(jnp.square(o), axis=1)
+                o2 = o / (jnp.sqrt(nu)[:, None, :] + e)
                 n1 = jnp.sqrt(jnp.sum(jnp.square(o), axis=(1, 2), keepdims=True))
                 n2 = jnp.sqrt(jnp.sum(jnp.square(o2), axis=(1, 2), keepdims=True))
                 ratio = jnp.where(n2 > 0, n1 / jnp.where(n2 > 0, n2, 1), 0)
-                return (o2 * ratio * orthogonal_update_scale(g, scale)).astype(dtype), nu, beta, eps
+                return (o2 * ratio * orthogonal_update_scale(g, scale)).astype(dtype), nu, *hp
 
-            hyper = (jnp.asarray(beta, nu.dtype), jnp.asarray(eps, nu.dtype))
             block, nu, *_ = on_canonical_view(leaf, g, x, nu, *hyper)  # (Explicit meshes: a fused QKV's reshape)
             out.append(block)
             new_nu.append(nu)
