@@ -363,18 +363,12 @@ def _common_tiling(members, specs, axes):
     'model')`` kernels with the ``P('model', 'data')`` ones transposed to their wide form), those two
     being all of ``axes``; a square matrix tiled the other way is taken transposed (``flips[i]``,
     ``NS(G^T) = NS(G)^T``). Else ``None``."""
-    tilings = []
-    for (_, g), spec in zip(members, specs):
-        if spec is None or len(g.shape) != 2 or g.fan_out_splits != 1 or g.batch_axes:
-            return None
-        rows, cols = spec[g.fan_in_axes[0]], spec[g.fan_out_axes[0]]
-        tilings.append((cols, rows) if g.d_in > g.d_out else (rows, cols))
-    rows, cols = tilings[0]
-    if not (isinstance(rows, str) and isinstance(cols, str)) or rows == cols or {rows, cols} != set(axes):
+    tilings = _wide_tilings([g for _, g in members], specs, axes)
+    if not tilings:
         return None
-    flips = tuple(t != (rows, cols) for t in tilings)
-    square = all(g.d_in == g.d_out for _, g in members)
-    if any(t not in ((rows, cols), (cols, rows)) for t in tilings) or (any(flips) and not square):
+    rows, cols = tilings[0]
+    flips = tuple(t != (rows, cols) for t in tilings)  # each tiling is (rows, cols) or (cols, rows)
+    if any(flips) and not all(g.d_in == g.d_out for _, g in members):
         return None
     return rows, cols, flips
 
@@ -386,7 +380,7 @@ def _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles):
     tile of each from every device, reassembled locally), and one brings the tiles back. XLA's
     partitioner would go through a one-axis layout (two all-to-alls each way)."""
     mesh = _context_mesh(mesh)
-    names = tuple(a for a in mesh.axis_names if a in axes)  # the all-to-all's device order
+    names = _mesh_order(mesh, axes)  # the all-to-all's device order
     sizes = dict(mesh.shape)
     r, c = sizes[tiles[0]], sizes[tiles[1]]
     rows_first = names[0] == tiles[0]
@@ -453,9 +447,8 @@ def _stage_columns(tilings, members, xs, scale_of, compute_dtype, coefficients, 
     """A split group of 2-D tiled matrices (:func:`_wide_tilings`) staged with its columns over every
     device (what :func:`_split_in_groups` and :func:`_split_everywhere` take), each tiling's matrices
     moved by one all-to-all (:func:`_columns_of_tiles`) instead of XLA's partitioner, whose program
-    goes through a one-axis layout leaf by leaf and grows as leaves x devices (Llama 6.7B on a
-    ``32 x 8`` mesh: no compile in 15 minutes; docs/sharding.md). ``(stacked, _COLUMNS, finish)``
-    as :func:`_stage`."""
+    goes through a one-axis layout leaf by leaf and grows as leaves x devices (docs/sharding.md,
+    "2-D layouts"). ``(stacked, _COLUMNS, finish)`` as :func:`_stage`."""
     names = _mesh_order(mesh, axes)
     classes: dict = {}
     for i, tiling in enumerate(tilings):
@@ -464,7 +457,7 @@ def _stage_columns(tilings, members, xs, scale_of, compute_dtype, coefficients, 
     dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
     parts = []
     for tiling, idx in classes.items():
-        block = jnp.concatenate([mats[i].astype(dtype) for i in idx], axis=0) if len(idx) > 1 else mats[idx[0]]
+        block = jnp.concatenate([mats[i] for i in idx], axis=0) if len(idx) > 1 else mats[idx[0]]
         parts.append(_columns_of_tiles(block.astype(dtype), mesh, tiling, names))
     stacked = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
 

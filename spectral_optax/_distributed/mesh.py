@@ -139,7 +139,7 @@ def keeping_layout(new, old_tree):
     """``new`` (the updates) with every array leaf traced under ``jit`` on an ``Auto`` mesh tied to
     the layout of the same leaf of ``old_tree`` (the gradients, ``shard_alike``): XLA's propagation
     would otherwise hand back a layout chosen for the update's own work (the plan's owners, a fused
-    QKV's local cut; a replicated ``c_proj``'s update came back ``P('data')``). ``Explicit`` meshes
+    QKV's local cut). ``Explicit`` meshes
     (the layout is in the types) and ``Manual`` axes are left as they are. The optimizer state is
     not tied: on ``Auto`` meshes its layout is XLA's choice (docs/sharding.md)."""
 
