@@ -13,9 +13,11 @@ multiplier (microsoft/mup's ``MuSharedReadout``, ``output_mult / width``).
 
 :func:`tied_readout` applies that multiplier to a Linen model the user cannot
 edit: inside the context, every ``flax.linen.Embed.attend`` returns its logits
-times ``multiplier``. :func:`tied_readout_multiplier` gives the multiplier
-``base_width / d`` from the table's geometry. docs/math.md states the
-derivation.
+times ``multiplier``. :func:`tied_readout_nnx` does the same to a live
+``flax.nnx`` model, in place and for good (it survives ``nnx.split`` /
+``merge`` and ``nnx.jit``). :func:`tied_readout_multiplier` gives the
+multiplier ``base_width / d`` from the table's geometry. docs/math.md
+("Tied embeddings") states the derivation.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Iterator
 
 from spectral_optax._geometry import GeometryLike, as_geometry_map
 
-__all__ = ["tied_readout", "tied_readout_multiplier"]
+__all__ = ["tied_readout", "tied_readout_multiplier", "tied_readout_nnx"]
 
 
 def tied_readout_multiplier(params, geometry: GeometryLike = None, *, base_width: float = 1.0) -> float:
@@ -98,3 +100,71 @@ def tied_readout(multiplier: float) -> Iterator[None]:
 
     with nn.intercept_methods(interceptor):
         yield
+
+
+_SCALED_NNX_EMBED: dict[type, type] = {}
+
+
+def _scaled_nnx_embed(base: type) -> type:
+    """The subclass of ``base`` (an ``nnx.Embed`` class) whose ``attend`` is times ``readout_multiplier``."""
+    if base in _SCALED_NNX_EMBED.values():
+        return base
+    if base not in _SCALED_NNX_EMBED:
+
+        def attend(self, query, *args, **kwargs):
+            return base.attend(self, query, *args, **kwargs) * self.readout_multiplier
+
+        attend.__doc__ = f"``readout_multiplier * {base.__name__}.attend(query)`` (see tied_readout_nnx)."
+        _SCALED_NNX_EMBED[base] = type(f"ReadoutScaled{base.__name__}", (base,), {"attend": attend})
+    return _SCALED_NNX_EMBED[base]
+
+
+def tied_readout_nnx(model, multiplier: float):
+    """Make every ``nnx.Embed`` of ``model`` return ``multiplier * (query @ E^T)`` from ``attend``, in place.
+
+    The NNX counterpart of :func:`tied_readout`: the module objects keep
+    their identity (a table shared by several parents stays shared) and
+    their parameters (same paths, same values); each ``nnx.Embed`` becomes a
+    subclass whose ``attend`` multiplies by the static attribute
+    ``readout_multiplier``, so the factor travels with the model through
+    ``nnx.split`` / ``nnx.merge``, ``nnx.jit`` and checkpoints of its state.
+    The lookup ``embed(tokens)`` is unchanged. Calling it again sets (does not
+    compound) the multiplier. Use it next to ``reinitialize``::
+
+        geometry = so.GeometryMap.from_nnx(model, x)
+        params = nnx.state(model, nnx.Param)
+        nnx.update(model, so.initializers.reinitialize(key, params, geometry))
+        so.initializers.tied_readout_nnx(model, so.initializers.tied_readout_multiplier(params, geometry))
+
+    Args:
+      model: a live ``flax.nnx.Module``.
+      multiplier: the factor on the logits, a finite number > 0 (from
+        :func:`tied_readout_multiplier`).
+
+    Returns:
+      ``model`` (modified in place).
+
+    Raises:
+      ValueError: a bad multiplier, or no ``nnx.Embed`` in ``model`` (a read-out
+        written by other code needs the factor in that code).
+    """
+    from flax import nnx
+
+    multiplier = float(multiplier)
+    if not math.isfinite(multiplier) or multiplier <= 0:
+        raise ValueError(f"tied_readout_nnx: multiplier must be a finite number > 0, got {multiplier}")
+    if not isinstance(model, nnx.Module):
+        raise ValueError(
+            f"tied_readout_nnx: model must be a live flax.nnx.Module, got {type(model).__name__}; "
+            "for a Linen model use `with so.initializers.tied_readout(m): model.apply(...)`"
+        )
+    embeds = [node for _, node in nnx.iter_graph(model) if isinstance(node, nnx.Embed)]
+    if not embeds:
+        raise ValueError(
+            f"tied_readout_nnx: no flax.nnx.Embed in {type(model).__name__}; a tied read-out computed by other "
+            "code (e.g. `x @ table.T`) needs the factor `multiplier` in that code"
+        )
+    for node in {id(n): n for n in embeds}.values():
+        node.__class__ = _scaled_nnx_embed(type(node))
+        node.readout_multiplier = multiplier
+    return model

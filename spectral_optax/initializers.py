@@ -68,7 +68,7 @@ import numpy as np
 
 from spectral_optax._geometry import Geometry, GeometryLike, from_matrix, map_with_geometry, to_matrix
 from spectral_optax._numerics import safe_max_abs, top_singular_value
-from spectral_optax._tied import tied_readout, tied_readout_multiplier
+from spectral_optax._tied import tied_readout, tied_readout_multiplier, tied_readout_nnx
 
 __all__ = [
     "spectral_normal",
@@ -78,6 +78,7 @@ __all__ = [
     "reinitialize",
     "tied_readout",
     "tied_readout_multiplier",
+    "tied_readout_nnx",
 ]
 
 Initializer = Callable[..., jax.Array]
