@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _lm_fixtures import TiedDecoder, UntiedDecoder
+from _lm_fixtures_nnx import NNXDecoder
+from flax import nnx
 
 import spectral_optax as so
 
@@ -85,3 +87,67 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match="multiplier"):
         with so.initializers.tied_readout(float("nan")):
             pass
+
+
+# --------------------------------------------------------------------------
+# NNX: tied_readout_nnx on a live model.
+# --------------------------------------------------------------------------
+def _nnx_setup(d, tied=True):
+    model = NNXDecoder(d, tied=tied, rngs=nnx.Rngs(0))
+    x = _tokens()
+    geometry = so.GeometryMap.from_nnx(model, x)
+    params = nnx.state(model, nnx.Param)
+    nnx.update(model, so.initializers.reinitialize(jax.random.key(2), params, geometry))
+    return model, x, params, geometry
+
+
+@pytest.mark.parametrize("d", [32, pytest.param(128, marks=pytest.mark.slow), pytest.param(512, marks=pytest.mark.slow)])
+def test_nnx_tied_initial_loss_is_ln_vocab_with_the_readout_multiplier(d):
+    model, x, params, geometry = _nnx_setup(d)
+    unfixed = _loss(model(x), x)
+    assert unfixed > math.log(VOCAB) + 5.0  # N(0, 1) entries read out unscaled: sqrt(d)-sized logits
+    m = so.initializers.tied_readout_multiplier(params, geometry)
+    assert m == pytest.approx(1.0 / d)
+    assert so.initializers.tied_readout_nnx(model, m) is model
+    assert abs(_loss(model(x), x) - math.log(VOCAB)) < 0.5
+    # the factor is static: it survives split / merge and nnx.jit
+    again = nnx.merge(*nnx.split(model))
+    assert abs(_loss(nnx.jit(lambda mod, t: mod(t))(again, x), x) - math.log(VOCAB)) < 0.5
+
+
+def test_tied_readout_nnx_scales_attend_exactly():
+    # Independent float64 reference: attend(q) = m * q @ E^T, the lookup unchanged, the multiplier set (not compounded).
+    table = np.random.default_rng(0).normal(size=(11, 8))
+    q = np.random.default_rng(1).normal(size=(3, 8))
+
+    class Holder(nnx.Module):
+        def __init__(self):
+            self.emb = nnx.Embed(11, 8, rngs=nnx.Rngs(0))
+            self.alias = self.emb  # one table, two parents: both see the factor
+
+    model = Holder()
+    model.emb.embedding[...] = jnp.asarray(table, jnp.float32)
+    paths = sorted(dict(nnx.to_flat_state(nnx.state(model, nnx.Param))))
+    so.initializers.tied_readout_nnx(model, 0.5)
+    so.initializers.tied_readout_nnx(model, 0.25)
+    assert model.alias is model.emb and isinstance(model.emb, nnx.Embed)
+    np.testing.assert_allclose(np.asarray(model.alias.attend(jnp.asarray(q))), 0.25 * q @ table.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(model.emb(jnp.asarray([3]))), table[[3]], rtol=1e-6)
+    assert sorted(dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))) == paths  # the state is unchanged
+    # gradients through the read-out carry the factor (chain rule): d/dE sum(attend(q)) = m * 1 q-sum
+    grad = nnx.grad(lambda mod: mod.emb.attend(jnp.asarray(q)).sum())(model)
+    (g,) = jax.tree.leaves(grad)
+    np.testing.assert_allclose(np.asarray(g), 0.25 * np.tile(q.sum(0), (11, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_nnx_bad_input_errors():
+    class NoTable(nnx.Module):
+        def __init__(self):
+            self.lin = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+
+    with pytest.raises(ValueError, match="no flax.nnx.Embed in NoTable"):
+        so.initializers.tied_readout_nnx(NoTable(), 0.5)
+    with pytest.raises(ValueError, match="multiplier must be a finite number"):
+        so.initializers.tied_readout_nnx(NoTable(), 0.0)
+    with pytest.raises(ValueError, match="live flax.nnx.Module"):
+        so.initializers.tied_readout_nnx({"embedding": jnp.ones((3, 2))}, 0.5)
