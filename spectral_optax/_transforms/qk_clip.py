@@ -34,8 +34,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from spectral_optax._geometry import Geometry, GeometryLike, as_geometry_map, from_matrix, path_str, to_matrix
+from spectral_optax._distributed.mesh import aval_mesh, is_explicit, keeping_layout
+from spectral_optax._geometry import Geometry, GeometryLike, as_geometry_map, path_str, to_matrix
 
 __all__ = ["qk_clip", "attention_max_logits", "collect_max_logits", "qk_logit_bound", "AttentionSpec"]
 
@@ -324,20 +327,86 @@ def qk_logit_bound(
 # --------------------------------------------------------------------------
 # The transform.
 # --------------------------------------------------------------------------
-def _factor_leaf(shape, side_scales: list[tuple[_Side, int, jax.Array]], is_bias: bool) -> jax.Array:
+def _mesh_spec(x):
+    """``(mesh, spec)`` of ``x`` on a mesh with ``Explicit`` axes (the layout is in its type), else ``None``."""
+    mesh = aval_mesh(x)
+    if mesh is None or mesh.empty or not is_explicit(mesh, mesh.axis_names):
+        return None
+    spec = tuple(jax.typeof(x).sharding.spec)
+    return mesh, spec + (None,) * (np.ndim(x) - len(spec))
+
+
+def _reshard(x, layout, spec):
+    return x if layout is None else jax.sharding.reshard(x, NamedSharding(layout[0], P(*spec)))
+
+
+def _reshape(x, shape, layout, spec):
+    """``x.reshape(shape)``; on an ``Explicit`` mesh (``layout``) with the output laid out as ``spec``."""
+    shape = tuple(int(n) for n in shape)
+    if layout is None:
+        return x.reshape(shape)
+    return jax.lax.reshape(x, shape, out_sharding=NamedSharding(layout[0], P(*spec)))
+
+
+def _factor_leaf(u, side_scales: list[tuple[_Side, int, jax.Array]], is_bias: bool) -> jax.Array:
     """The per-entry factor of a kernel or bias leaf: ``scale`` on each (side, block) head, 1 elsewhere.
 
-    ``side_scales``: ``(side, block, (L, heads))`` entries, all on this leaf."""
+    ``side_scales``: ``(side, block, (L, heads))`` entries, all on this leaf. The factor has the
+    leaf's axes with the fan-in axes of size 1 (it broadcasts against the leaf), so it is built from
+    the ``(L, heads)`` scales without a kernel-sized array. On an ``Explicit`` mesh it is laid out as
+    the leaf on its other axes: where the heads have an axis of their own (or lead a flat one), the
+    scales' head sharding is kept through the reshapes, so scales sharded like the heads (or
+    replicated) need no collective; the blocks of a fused flat projection (``(d, 3 N d_h)``) share
+    one axis with the heads, so there the scales are replicated first (a gather of ``L x N``
+    numbers when they come sharded)."""
     side = side_scales[0][0]
     g = side.geometry
-    f = jnp.ones((_layers(side), side.blocks, side.heads), jnp.float32)
-    for _, block, scale in side_scales:
-        f = f.at[:, block].set(scale)
+    layers, blocks, heads = _layers(side), side.blocks, side.heads
+    by_block = {block: scale for _, block, scale in side_scales}
+    one = jnp.ones_like(side_scales[0][2])
+    f = jnp.stack([by_block.get(b, one) for b in range(blocks)], axis=1)  # (L, blocks, heads)
+    d_h = g.d_out // heads
+    split = g.fan_out_splits
+    fan_out = tuple(g.shape[a] for a in g.fan_out_axes)
+    heads_lead = split == 1 and fan_out in ((heads, d_h), (heads * d_h,))
     if is_bias:
-        return f[..., None].repeat(g.d_out // side.heads, -1).reshape(shape)
-    view = (_layers(side), side.blocks, g.d_in, side.heads, g.d_out // side.heads)
-    full = jnp.broadcast_to(f[:, :, None, :, None], view)
-    return from_matrix(full.reshape(g.num_slices, g.d_in, g.d_out), g)
+        heads_lead = heads_lead and blocks == 1 and tuple(u.shape[len(u.shape) - len(fan_out) :]) == fan_out
+    layout = _mesh_spec(u)
+    e_h = None
+    if layout is not None:
+        e_h = _mesh_spec(f)[1][-1] if heads_lead and _mesh_spec(f) is not None else None
+        f = _reshard(f, layout, (None, None, e_h))
+    f = jnp.broadcast_to(f[..., None], (layers, blocks, heads, d_h))
+    if is_bias:
+        spec = (None,) * (len(u.shape) - len(fan_out)) + (e_h,) + (None,) * (len(fan_out) - 1)
+        return _reshard(_reshape(f, u.shape, layout, spec), layout, layout[1] if layout else ())
+    shape1 = tuple(1 if a in g.fan_in_axes else n for a, n in enumerate(g.shape))
+    perm = g.batch_axes + g.fan_in_axes + g.fan_out_axes
+    if heads_lead:  # (L, blocks, heads, d_h) -> (batch axes..., fan-out axes...), heads kept on their axis
+        batch = tuple(g.shape[a] for a in g.batch_axes)
+        m = _reshape(f, batch + fan_out, layout, (None,) * len(batch) + (e_h,) + (None,) * (len(fan_out) - 1))
+        m = jnp.expand_dims(m, tuple(range(len(batch), len(batch) + len(g.fan_in_axes))))
+    else:  # from_matrix with d_in = 1: (batch, splits, 1, d_out) -> the permuted axes (scales replicated)
+        m = f.reshape(g.num_slices // split, split, 1, g.d_out)
+        if split > 1:
+            m = jnp.swapaxes(m, 1, 2)
+        m = m.reshape(tuple(shape1[a] for a in perm))
+    if perm != tuple(range(len(perm))):
+        m = jnp.transpose(m, [int(i) for i in np.argsort(perm)])
+    if layout is None:
+        return m
+    return _reshard(m, layout, tuple(None if n == 1 else e for n, e in zip(shape1, layout[1])))
+
+
+def _group_min(gamma: jax.Array, layers: int, k_heads: int) -> jax.Array:
+    """``(L, K)``: the smallest ``gamma`` of each key head's group of query heads."""
+    layout = _mesh_spec(gamma)
+    if layout is not None and layout[1][-1] is not None:
+        names = (layout[1][-1],) if isinstance(layout[1][-1], str) else tuple(layout[1][-1])
+        shards = math.prod(dict(layout[0].shape)[a] for a in names)
+        if k_heads % shards:  # the head axis cannot split into (K, N / K) along its shards
+            gamma = _reshard(gamma, layout, (None,) * gamma.ndim)
+    return jnp.min(gamma.reshape(layers, k_heads, -1), axis=-1)
 
 
 def _clipped(u, p, factor):
@@ -437,7 +506,9 @@ def qk_clip(
                 }
                 s = _bound_per_head(None, q, k, new, input_norm)
             gamma = jnp.where(s > threshold, threshold / jnp.where(s > threshold, s, 1.0), 1.0)
-            gk = jnp.min(gamma.reshape(layers, k.heads, q.heads // k.heads), axis=-1)
+            if q.geometry.fan_out_splits > 1 or k.geometry.fan_out_splits > 1:  # flat fused q | k | v
+                gamma = _reshard(gamma, _mesh_spec(gamma), (None, None))  # one gather, for kernel and bias
+            gk = _group_min(gamma, layers, k.heads)
             for side, gm in ((q, gamma), (k, gk)):
                 for leaf in (side.path, side.bias):
                     if leaf is not None:
@@ -447,8 +518,7 @@ def qk_clip(
             if pth in per_leaf:
                 entries = per_leaf[pth]
                 is_bias = entries[0][0].path != pth
-                factor = _factor_leaf(u.shape, entries, is_bias)
-                u = _clipped(u, pleaves[pth], factor)
+                u = keeping_layout(_clipped(u, pleaves[pth], _factor_leaf(u, entries, is_bias)), u)
             out.append(u)
         return jax.tree_util.tree_unflatten(treedef, out), state
 
