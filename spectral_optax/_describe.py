@@ -4,7 +4,10 @@ One row per leaf: path, shape, kind (and role), ``d_in``, ``d_out``, batch
 axes, the spectral condition's target norm ``sqrt(d_out / n_in)`` (``n_in``
 = 1 for embeddings and vectors) and the Parametrization-1 learning-rate
 multipliers for SGD (``d_out / n_in``) and Adam (``1 / n_in``), relative to
-``base`` when given.
+``base`` when given. A tied table (kind ``'embedding'``, role ``'output'``:
+looked up and read out) gets a ``note``: the read-out multiplier ``1 / d`` its
+forward pass needs (:func:`~spectral_optax.initializers.tied_readout`,
+docs/math.md "Tied embeddings"), printed under the table.
 """
 
 from __future__ import annotations
@@ -37,7 +40,13 @@ def describe(params: Any, geometry: GeometryLike = None, *, base: Any = None, pr
       :meth:`~spectral_optax.GeometryMap.from_apply` or a traced
       ``from_linen`` / ``from_nnx``, with what a module hint or name rule said
       where it differed), ``'module hint'``, ``'name rule'`` or
-      ``'fallback: element-wise'``.
+      ``'fallback: element-wise'``; ``note``: ``''``, or for a tied table
+      (looked up and read out) the read-out multiplier ``1 / d`` that
+      Parametrization 1 needs in its forward pass and how to apply it
+      (:func:`~spectral_optax.initializers.tied_readout` for Linen,
+      :func:`~spectral_optax.initializers.tied_readout_nnx` for NNX); the
+      table cannot see whether the model applies it, so the note is printed
+      under the table whenever such a table is present.
 
     Raises:
       GeometryError: a leaf no rule covers; the message names it and shows
@@ -62,11 +71,23 @@ def describe(params: Any, geometry: GeometryLike = None, *, base: Any = None, pr
                 lr_sgd=sgd[path],
                 lr_adam=adam[path],
                 decided_by=gmap.decided_by(path, g.shape),
+                note=_tied_note(path, g.d_out) if g.kind == "embedding" and g.role == "output" else "",
             )
         )
     if print_table:
         print(format_table(rows))
     return rows
+
+
+def _tied_note(path: str, d: int) -> str:
+    return (
+        f"{path} is a tied table (looked up and read out): with Parametrization 1's N(0, 1) entries "
+        f"(reinitialize) its read-out needs the factor 1/d = {1.0 / d:.4g} in the forward pass, or the logits "
+        "grow like sqrt(d) and the initial loss with d "
+        "(m = so.initializers.tied_readout_multiplier(params, geometry); Linen: "
+        "`with so.initializers.tied_readout(m): model.apply(...)`; NNX: so.initializers.tied_readout_nnx(model, m)). "
+        "describe cannot see whether the model applies it."
+    )
 
 
 def format_table(rows: list[dict]) -> str:
@@ -83,4 +104,5 @@ def format_table(rows: list[dict]) -> str:
     widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += [f"note: {r['note']}" for r in rows if r.get("note")]
     return "\n".join(lines)

@@ -151,3 +151,16 @@ def test_nnx_bad_input_errors():
         so.initializers.tied_readout_nnx(NoTable(), 0.0)
     with pytest.raises(ValueError, match="live flax.nnx.Module"):
         so.initializers.tied_readout_nnx({"embedding": jnp.ones((3, 2))}, 0.5)
+
+
+def test_describe_notes_the_tied_readout(capsys):
+    # The tied table's row carries the multiplier 1/d (here 1/64, written out) and names the fix; printed too.
+    _, _, params, geometry = _setup(TiedDecoder, 64)
+    rows = {r["path"]: r for r in so.describe(params, geometry)}
+    note = rows["embed/embedding"]["note"]
+    assert "0.01562" in note and "tied_readout(m)" in note and "tied_readout_nnx(model, m)" in note
+    assert [p for p, r in rows.items() if r["note"]] == ["embed/embedding"]
+    assert "note: embed/embedding is a tied table" in capsys.readouterr().out
+    _, _, params, geometry = _setup(UntiedDecoder, 64)
+    assert not any(r["note"] for r in so.describe(params, geometry))
+    assert "note:" not in capsys.readouterr().out
