@@ -50,6 +50,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jex_core
 
 from spectral_optax._geometry.types import Geometry, _leaves_with_paths, path_str
@@ -111,6 +112,7 @@ def _axis_classes(shape, records) -> tuple[dict[int, str], dict[int, int]] | str
 
 def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> TraceDecision:
     shape = tuple(shape)
+    uses = [u for u in uses if u.kind != "selection"]  # a gather of whole slices that a product then takes
     if not uses:
         return TraceDecision(None, "unused in the traced call", defer=True)
     opaque = [u for u in uses if u.kind == "opaque"]
@@ -166,6 +168,18 @@ def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> T
         if readout:
             how += ", read-out"
         return TraceDecision(Geometry(shape, "matrix", fan_in, fan_out, fan_out_splits=n_split, role=role), how)
+    tokens = [u for u in uses if u.kind == "token"]
+    if tokens and len(tokens) == len(uses):
+        res = classes_of(tokens)
+        if isinstance(res, str):
+            return TraceDecision(None, f"a token tiled / concatenated into the activations: {res}")
+        big = tuple(a for a, c in res[0].items() if c == "out")
+        how = "trace: a learned token tiled over the batch / concatenated with the activations"
+        if len(big) <= 1:  # one learned input vector: a matrix fed by a constant input of width 1
+            return TraceDecision(Geometry(shape, "vector", (), big), how + " (a constant input)")
+        # Several learned vectors (register tokens, a table added at every position): a table read by
+        # every one-hot index at once.
+        return TraceDecision(Geometry(shape, "embedding", big[:-1], big[-1:]), how + " (a table of tokens)")
     res = classes_of(uses)
     if isinstance(res, str):
         return TraceDecision(None, f"element-wise use: {res}")
@@ -206,6 +220,7 @@ def _rebuild(flat, tdef, idx, leaves):
 
 
 def _decisions(tr: _Tracer, outs, paths, shapes) -> dict[str, TraceDecision]:
+    tr.finish()
     clean = tr.clean(outs)
     by_param: dict[int, list[_Use]] = {k: [] for k in range(len(paths))}
     for u in tr.uses:
@@ -251,6 +266,16 @@ def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str
     tr.act.update(in_vals[n:])
     outs = tr.walk(jaxpr, in_vals)
     return _decisions(tr, outs, [path_str(p_flat[i][0]) for i in p_idx], shapes)
+
+
+#: The name that :func:`trace_init` gives the model's outputs in the init jaxpr (``checkpoint_name``: an
+#: identity that lowering drops with the rest of the unused forward pass).
+_OUTPUT_MARK = "spectral_optax:model_output"
+
+
+def _marked_outputs(jaxpr) -> list:
+    """The variables :func:`trace_init` marked as the model's outputs (top level of ``jaxpr``)."""
+    return [e.invars[0] for e in jaxpr.eqns if e.primitive.name == "name" and e.params.get("name") == _OUTPUT_MARK]
 
 
 def _dead_ends(jaxpr) -> list:
@@ -311,11 +336,15 @@ class InitTrace:
         """``{path: TraceDecision}``: the forward pass inside the init jaxpr, walked from the
         variables that become the parameters (the activations are the non-``rngs`` inputs). The
         model's output is what ``init`` computes and drops: the dead ends of the jaxpr that carry
-        activations (if there is none, the init is traced once more with its output returned)."""
+        activations (if there is none, the init is traced once more with its output returned).
+
+        The model's outputs are marked in the trace (:data:`_OUTPUT_MARK`), so that a value the
+        model computes and drops (the per-layer outputs of a scan body) is no output; without the
+        marks, every value the init drops is taken as an output."""
         if self._decisions is None:
             closed = self.traced.jaxpr
             pv, _ = _param_vars(closed.jaxpr.outvars, self.paths)
-            dead = _dead_ends(closed.jaxpr)
+            dead = _marked_outputs(closed.jaxpr) or _dead_ends(closed.jaxpr)
             tr, outs = self._walk(closed.jaxpr, pv, lambda t, env, _: [env[v] for v in dead if env.get(v) in t.act])
             if not outs:
                 closed, n_y = self._with_output()
@@ -362,7 +391,14 @@ def trace_init(init_fn: Callable, rngs: Any, *args, **kwargs) -> InitTrace:
         r, a, kw = _rebuild(flat, tdef, idx, leaves)
         return init_fn(r, *a, **kw)
 
-    traced = jax.jit(lambda leaves: full(leaves)[1:]).trace(abst)
+    def marked(leaves):
+        out = full(leaves)
+        for y in jax.tree_util.tree_leaves(out[0]):
+            if isinstance(y, jax.core.Tracer):
+                checkpoint_name(y, _OUTPUT_MARK)  # unused: only names the output in the jaxpr
+        return out[1:]
+
+    traced = jax.jit(marked).trace(abst)
     p_leaves = _leaves_with_paths(traced.out_info[0])
     paths = [p for p, _ in p_leaves]
     shapes = [tuple(x.shape) for _, x in p_leaves]

@@ -34,8 +34,11 @@ _ELEMENTWISE = {
     "logistic", "abs", "sign", "sqrt", "rsqrt", "cbrt", "square", "integer_pow", "erf", "erfc", "erf_inv", "sin",
     "cos", "tan", "atan2", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "select_n", "clamp",
     "rem", "floor", "ceil", "round", "is_finite", "ne", "eq", "lt", "gt", "le", "ge", "and", "or", "not", "xor",
-    "nextafter", "stop_gradient", "real", "imag", "conj", "add_any",
+    "nextafter", "stop_gradient", "real", "imag", "conj", "add_any", "complex",
 }  # fmt: skip
+# Ops whose output puts the blocks of a cut back side by side (a rotary embedding's halves or pairs):
+# blocks of one cut meeting here were not used separately.
+_REJOIN = {"concatenate", "stack", "complex"}
 _REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
 
 
@@ -50,6 +53,17 @@ class _View:
 class _ProdOut:
     use: int
     dims: _Dims
+    tags: frozenset = frozenset()  # (cut, block): the cuts of the product this value is one block of
+
+
+@dataclasses.dataclass
+class _Cut:
+    """A product's output cut into blocks (pending until the walk ends: void if the blocks are re-joined)."""
+
+    use: int
+    records: list
+    note: str = ""  # an unequal / strided cut: why its blocks cannot be expressed
+    rejoined: bool = False
 
 
 @dataclasses.dataclass
@@ -71,6 +85,11 @@ class _Tracer:
         self.uses: list[_Use] = []
         self.nodes: list[tuple[list[int], list[int], bool]] = []
         self.unmapped: set[int] = set()  # parameters made (in an init trace) where the walk cannot seed them
+        self.cuts: list[_Cut] = []
+        self._cut_ids: dict[tuple, int] = {}
+        # A whole-slice gather of a parameter (expert weights picked by index): its view, and the gather use
+        # it replaces if a product consumes it as a weight.
+        self.gathered: dict[int, tuple[_View, int]] = {}
         self._n = 0
 
     def fresh(self) -> int:
@@ -152,6 +171,10 @@ class _Tracer:
         is_act = any(v in self.act for v in ins if v is not None)
         if is_act:
             self.act.update(outs)
+        if any(v in self.gathered for v in ins if v is not None) and not any(views):
+            if self.follow_gathered(eqn, name, p, ins, outs):
+                self.nodes.append(([v for v in ins if v is not None], outs, True))
+                return list(outs)
         blocking = False
         has_view = any(views)
         if has_view or any(v in self.prods for v in ins if v is not None):
@@ -177,7 +200,14 @@ class _Tracer:
             perm = p["permutation"]
             self.views[outs[0]] = dataclasses.replace(view, dims=tuple(view.dims[i] for i in perm))
             return False
-        if name in ("reshape", "squeeze", "expand_dims", "broadcast_in_dim"):
+        if name in ("broadcast_in_dim", "tile") and any(
+            all(pc[0] < 0 for pc in d) and int(s) > 1
+            for d, s in zip(_move_dims(name, p, view.dims, in_shapes[vi], out_shape) or (), out_shape)
+        ):
+            return self.token(view, outs[0])  # a learned token tiled over the batch: a constant input
+        if name == "concatenate" and any(v in self.act for v in ins if v is not None) and sum(map(bool, views)) == 1:
+            return self.token(view, outs[0])  # a class / register token concatenated with the activations
+        if name in ("reshape", "squeeze", "expand_dims", "broadcast_in_dim", "tile"):
             dims = _move_dims(name, p, view.dims, in_shapes[vi], out_shape)
             if dims is None:
                 self.use(view, "opaque", note=f"{name} {in_shapes[vi]} -> {out_shape}")
@@ -204,6 +234,7 @@ class _Tracer:
             classes = {d: "in" for d in contract} | {d: "batch" for d in batch}
             classes |= {d: "out" for d in range(nd) if d not in classes}
             u = self.use(view, "dot", self.classify(view, classes), out=outs[0])
+            self.per_block(other, lb if vi == 1 else rb)
             # Product output: (batch, lhs free, rhs free); follow the parameter's free dims.
             other_free = [d for d in range(len(in_shapes[1 - vi])) if d not in (rc if vi == 0 else lc)]
             other_free = [d for d in other_free if d not in (rb if vi == 0 else lb)]
@@ -212,6 +243,23 @@ class _Tracer:
             mine = tuple(view.dims[d] for d in free)
             bdims = tuple(((-2, 1, in_shapes[vi][d]),) for d in batch)  # -2: a dot_general batch dim
             self.prods[outs[0]] = _ProdOut(u, bdims + (mine + act_dims if vi == 0 else act_dims + mine))
+            return True
+        if name == "ragged_dot_general":
+            rdn = p["ragged_dot_dimension_numbers"]
+            (lc, rc), (lb, rb) = rdn.dot_dimension_numbers
+            if vi != 1 or ins[0] not in self.act or views[0] is not None:
+                self.use(view, "opaque", note="ragged_dot_general with the parameter as the ragged operand")
+                return False
+            groups = tuple(rdn.rhs_group_dimensions)
+            nd = len(view.dims)
+            classes = {d: "in" for d in rc} | {d: "batch" for d in tuple(rb) + groups}
+            classes |= {d: "out" for d in range(nd) if d not in classes}
+            u = self.use(view, "dot", self.classify(view, classes), out=outs[0])
+            lhs_free = [d for d in range(len(in_shapes[0])) if d not in lc and d not in lb]
+            free = [d for d in range(nd) if classes[d] == "out"]
+            bdims = tuple(((-2, 1, in_shapes[1][d]),) for d in rb)
+            act_dims = tuple(((-1, 1, in_shapes[0][d]),) for d in lhs_free)
+            self.prods[outs[0]] = _ProdOut(u, bdims + act_dims + tuple(view.dims[d] for d in free))
             return True
         if name == "conv_general_dilated":
             if vi != 1 or ins[0] not in self.act or p.get("batch_group_count", 1) != 1:
@@ -239,7 +287,11 @@ class _Tracer:
                 else:
                     self.use(view, "opaque", note="gather of partial slices")
                     return False
-            self.use(view, "gather", self.classify(view, classes))
+            u = self.use(view, "gather", self.classify(view, classes))
+            picked = _gathered_dims(dn, sizes, shape, view.dims, out_shape)
+            if picked is not None:  # whole slices picked by index: expert weights, if a product takes them
+                batch = tuple(("batch", a) for d in dn.start_index_map for a, _, _ in view.dims[d] if a >= 0)
+                self.gathered[outs[0]] = (_View(view.p, picked, view.extra + batch), u)
             return False
         if name in _ELEMENTWISE:
             others = [v for i, v in enumerate(ins) if i != vi and v is not None]
@@ -260,6 +312,69 @@ class _Tracer:
         self.use(view, "opaque", note=f"consumed by {name!r}")
         return False
 
+    def token(self, view: _View, out: int) -> bool:
+        """A parameter tiled over the batch or concatenated with the activations (a query probe, a class or
+        register token): a constant input, recorded as a ``'token'`` use over its axes of size > 1; what it
+        makes is an activation."""
+        recs = [r for r in self.classify(view, {d: "out" for d in range(len(view.dims))}) if self.shapes[view.p][r[1]] > 1]
+        self.use(view, "token", recs)
+        self.act.add(out)
+        return False
+
+    def per_block(self, other: int | None, batch_dims: Sequence[int]) -> None:
+        """A product's output taken by another parametrized product with its dims ``batch_dims`` as
+        ``dot_general`` batch dimensions (experts: ``'nd,edf->enf'`` then ``'enf,efd->end'``): each index
+        of the parameter axes those dims carry is its own block."""
+        po = self.prods.get(other) if other is not None else None
+        if po is None:
+            return
+        for d in batch_dims:
+            for a, o, s in po.dims[d]:
+                if a >= 0:
+                    self.uses[po.use].records.append(("block", a, o * s))
+
+    def follow_gathered(self, eqn, name, p, ins, outs) -> bool:
+        """Follow whole slices of a parameter picked by a gather; True if a product takes them as weight."""
+        gi = next(i for i, v in enumerate(ins) if v in self.gathered)
+        view, gu = self.gathered[ins[gi]]
+        in_shape = tuple(eqn.invars[gi].aval.shape)
+        out_shape = tuple(eqn.outvars[0].aval.shape)
+        if name == "dot_general" and ins[1 - gi] in self.act and ins[1 - gi] not in self.gathered:
+            (lc, rc), (lb, rb) = p["dimension_numbers"]
+            contract, batch = (lc, lb) if gi == 0 else (rc, rb)
+            classes = {d: "in" for d in contract} | {d: "batch" for d in batch}
+            classes |= {d: "out" for d in range(len(view.dims)) if d not in classes}
+            u = self.use(view, "dot", self.classify(view, classes), out=outs[0])
+            self.uses[gu].kind = "selection"  # the gather picked the slices this product uses: not a lookup
+            free = [d for d in range(len(view.dims)) if d not in contract and d not in batch]
+            other_free = [d for d in range(len(eqn.invars[1 - gi].aval.shape))
+                          if d not in (rc if gi == 0 else lc) and d not in (rb if gi == 0 else lb)]  # fmt: skip
+            act_dims = tuple(((-1, 1, eqn.invars[1 - gi].aval.shape[d]),) for d in other_free)
+            mine = tuple(view.dims[d] for d in free)
+            bdims = tuple(((-2, 1, in_shape[d]),) for d in batch)
+            self.prods[outs[0]] = _ProdOut(u, bdims + (mine + act_dims if gi == 0 else act_dims + mine))
+            return True
+        dims: _Dims | None = None
+        if name in _STRUCTURAL_UNARY:
+            dims = view.dims
+        elif name == "transpose":
+            dims = tuple(view.dims[i] for i in p["permutation"])
+        elif name in ("reshape", "squeeze", "expand_dims", "broadcast_in_dim"):
+            dims = _move_dims(name, p, view.dims, in_shape, out_shape)
+        if dims is not None:
+            self.gathered[outs[0]] = (dataclasses.replace(view, dims=dims), gu)
+        return False
+
+    def finish(self) -> None:
+        """Apply the cuts whose blocks were used separately (never re-joined) to their products' uses."""
+        for c in self.cuts:
+            if c.rejoined:
+                continue
+            self.uses[c.use].records.extend(c.records)
+            if c.note:
+                self.uses[c.use].note = c.note
+        self.cuts = [c for c in self.cuts if c.rejoined]
+
     # ---- product outputs, followed forward to a split ----------------------
     def follow_product(self, eqn, name, p, ins, outs, in_shapes, out_shape) -> None:
         prods = [(i, self.prods[v]) for i, v in enumerate(ins) if v is not None and v in self.prods]
@@ -269,28 +384,55 @@ class _Tracer:
         if name in _STRUCTURAL_UNARY or name == "rev":
             self.prods[outs[0]] = po
         elif name == "transpose":
-            self.prods[outs[0]] = _ProdOut(po.use, tuple(po.dims[d] for d in p["permutation"]))
+            self.prods[outs[0]] = _ProdOut(po.use, tuple(po.dims[d] for d in p["permutation"]), po.tags)
         elif name in ("reshape", "squeeze", "expand_dims", "broadcast_in_dim"):
             dims = _move_dims(name, p, po.dims, in_shapes[i], out_shape)
             if dims is not None:
-                self.prods[outs[0]] = _ProdOut(po.use, dims)
+                self.prods[outs[0]] = _ProdOut(po.use, dims, po.tags)
         elif name in ("slice", "dynamic_slice", "split") and i == 0:
             res = _cut(name, p, po.dims, in_shapes[i], [tuple(o.aval.shape) for o in eqn.outvars])
+            dims_in = tuple(((-1, 1, int(n)),) for n in eqn.outvars[0].aval.shape)
+            cut_dims = (p["axis"],) if name == "split" else tuple(
+                d for d in range(len(in_shapes[i])) if eqn.outvars[0].aval.shape[d] != in_shapes[i][d])
+            key = (ins[i], name == "split", cut_dims)
+            if key not in self._cut_ids:
+                self._cut_ids[key] = len(self.cuts)
+                self.cuts.append(_Cut(po.use, []))
+            cid = self._cut_ids[key]
+            if name == "split":
+                blocks = list(range(len(outs)))
+            elif name == "slice":
+                blocks = [tuple(p["start_indices"][d] for d in cut_dims)]
+            else:
+                blocks = [outs[0]]
             if res is None:
-                self.uses[po.use].records.append(("undecided", -1))
                 sizes = f" of sizes {tuple(int(n) for n in p['sizes'])}" if name == "split" else ""
-                self.uses[po.use].note = (
+                self.cuts[cid].records = [("undecided", -1)]
+                self.cuts[cid].note = (
                     f"its product is cut ({name}) into unequal or strided blocks{sizes} (a fused projection of "
                     "different widths, e.g. grouped-query q / k / v): a Geometry splits a fan-out only into "
                     "equal blocks. Override it as one matrix, or keep the blocks as separate parameters"
                 )
-                return
-            recs, dims_list = res
-            self.uses[po.use].records.extend(recs)
-            for o, dims in zip(outs, dims_list):
-                self.prods[o] = _ProdOut(po.use, dims)
-        elif name in _ELEMENTWISE and len(prods) == 1 and tuple(out_shape) == tuple(in_shapes[i]):
-            self.prods[outs[0]] = po
+                dims_list = [dims_in] * len(outs)
+            else:
+                recs, dims_list = res
+                if not self.cuts[cid].note:
+                    self.cuts[cid].records = recs
+            for o, dims, b in zip(outs, dims_list, blocks):
+                self.prods[o] = _ProdOut(po.use, dims, po.tags | {(cid, b)})
+        elif name in _REJOIN:
+            tags = frozenset().union(*(q.tags for _, q in prods))
+            seen: dict[int, set] = {}
+            for cid, b in tags:
+                seen.setdefault(cid, set()).add(b)
+            for cid, bs in seen.items():
+                if len(bs) > 1:
+                    self.cuts[cid].rejoined = True
+            if name == "complex" and len({q.use for _, q in prods}) == 1 and tuple(out_shape) == tuple(in_shapes[i]):
+                self.prods[outs[0]] = _ProdOut(po.use, po.dims, tags)
+        elif name in _ELEMENTWISE and tuple(out_shape) == tuple(in_shapes[i]):
+            if len({q.use for _, q in prods}) == 1:  # one product's blocks (a rotation mixes them)
+                self.prods[outs[0]] = _ProdOut(po.use, po.dims, frozenset().union(*(q.tags for _, q in prods)))
 
     def inner_seeds(self, outvars, seeds: dict[int, _View], inner: Callable[[_View], _View]) -> dict:
         """Seeds of a sub-jaxpr: its outvar ``i`` is the parameter the equation's output ``i`` is."""
@@ -445,7 +587,13 @@ def _take(pieces: list[_Piece], size: int) -> tuple[_Piece, ...] | None:
 
 
 def _move_dims(name, p, dims: _Dims, in_shape, out_shape) -> _Dims | None:
-    """The pieces carried by each output dimension of a reshape / squeeze / expand_dims / broadcast."""
+    """The pieces carried by each output dimension of a reshape / squeeze / expand_dims / broadcast / tile
+    (a tile only of size-1 dimensions)."""
+    if name == "tile":
+        reps = tuple(p["reps"])
+        if any(r != 1 and s != 1 for r, s in zip(reps, in_shape)) or len(reps) != len(in_shape):
+            return None
+        return tuple(dims[d] if r == 1 else ((-1, 1, int(out_shape[d])),) for d, r in enumerate(reps))
     if name == "broadcast_in_dim":
         bd = p["broadcast_dimensions"]
         out: list[tuple[_Piece, ...]] = [((-1, 1, int(s)),) for s in out_shape]
@@ -501,6 +649,20 @@ def _cut(name, p, dims: _Dims, in_shape, out_shapes) -> tuple[list, list[_Dims]]
         rest = ((a, o * k, s // k),) if s // k > 1 else ()
         new[d] = rest + tuple(pcs[1:]) or ((-1, 1, 1),)
     return recs, [tuple(new)] * len(out_shapes)
+
+
+def _gathered_dims(dn, sizes, shape, dims: _Dims, out_shape) -> _Dims | None:
+    """The pieces carried by each output dimension of a gather that picks whole slices of the parameter by
+    index (every indexed axis sliced to size 1, every other axis whole); ``None`` for any other gather."""
+    if dn.operand_batching_dims or any(
+        (sizes[d] != 1) if d in dn.start_index_map else (sizes[d] != shape[d]) for d in range(len(shape))
+    ):
+        return None
+    kept = [d for d in range(len(shape)) if d not in dn.collapsed_slice_dims]
+    out: list[tuple[_Piece, ...]] = [((-1, 1, int(s)),) for s in out_shape]
+    for od, d in zip(dn.offset_dims, kept):
+        out[od] = dims[d] if sizes[d] == shape[d] else ((-1, 1, 1),)
+    return tuple(out)
 
 
 def _param_view(k: int, shape: tuple[int, ...]) -> _View:
