@@ -269,3 +269,30 @@ def test_bf16_params_keep_dtype_and_errors():
     with pytest.raises(ValueError, match="num_heads"):
         so.diagnostics.qk_logit_bound(fused)
     assert so.diagnostics.qk_logit_bound(fused, num_heads=N)["attn"].shape == (1, N)
+
+
+def test_guide_section_states_the_names_and_defaults():
+    """docs/guide.md, "QK-clip": the module names it lists are the ones found, the defaults it names hold."""
+    import inspect
+    import pathlib
+    import re
+
+    from spectral_optax._transforms import qk_clip as mod
+
+    guide = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
+    section = guide.split("## QK-clip (MuonClip)")[1].split("\n## ")[0]
+    listed = section.split("found by name (")[1].split(")\nwith")[0]
+    names = set(re.findall(r"`([A-Za-z_]+)`", listed))
+    code = set(mod._QUERY + mod._KEY + mod._FUSED + mod._WEIGHT)
+    assert names == code, (sorted(names - code), sorted(code - names))
+    # "off by default": both Transformers record nothing unless asked
+    assert so.nn.linen.Transformer.__dataclass_fields__["record_max_logits"].default is False
+    assert inspect.signature(so.nn.nnx.Transformer.__init__).parameters["record_max_logits"].default is False
+    assert "record_max_logits=True)   # off by default" in section
+    # "inputs of RMS 1 unless input_norm=": the default input norm is sqrt(d_in)
+    p = {"attn": {"query": {"kernel": _rand(1, D, N, H)}, "key": {"kernel": _rand(2, D, N, H)}}}
+    np.testing.assert_allclose(
+        so.diagnostics.qk_logit_bound(p)["attn"], so.diagnostics.qk_logit_bound(p, input_norm=np.sqrt(D))["attn"]
+    )
+    assert "inputs of RMS 1 unless `input_norm=`" in section
+    assert inspect.signature(so.qk_clip).parameters["source"].default == "logits"

@@ -45,13 +45,13 @@ SPECS = {
 LSPECS = {"gqa": P("model"), "gemma": P("model"), "h": P(None, "model")}
 
 
-def reference(params, upd, logits):
+def reference(params, upd, logits, tau=TAU):
     # float64: the new params, and per leaf a mask of the entries left exactly as the optimizer moved them
     p64 = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     u64 = jax.tree.map(lambda a: np.asarray(a, np.float64), upd)
     new = jax.tree.map(lambda a, b: a + b, p64, u64)
     keep = jax.tree.map(lambda a: np.ones(np.shape(a), bool), params)
-    root = lambda s: np.sqrt(np.minimum(1.0, TAU / np.asarray(s, np.float64)))
+    root = lambda s: np.sqrt(np.minimum(1.0, tau / np.asarray(s, np.float64)))
     if "gqa" in params:
         g = root(logits["gqa"])
         gk = np.minimum(g[0::2], g[1::2])  # key head k serves query heads 2k, 2k + 1: the group's smallest
@@ -75,8 +75,8 @@ def reference(params, upd, logits):
     return new, keep
 
 
-def check(name, got_upd, params, upd, logits, specs=None, both=True):
-    want, keep = reference(params, upd, logits)
+def check(name, got_upd, params, upd, logits, specs=None, both=True, tau=TAU):
+    want, keep = reference(params, upd, logits, tau)
     flat = jax.tree_util.tree_flatten_with_path(got_upd)[0]
     for (path, u2), p, u, w, k in zip(flat, *(jax.tree.leaves(t) for t in (params, upd, want, keep))):
         leaf = name + jax.tree_util.keystr(path)
@@ -135,6 +135,17 @@ with jax.set_mesh(mesh):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
     print("ok values", kind)
 
+    # source='bound': S^h = ||W_q^h W_k^h^T||_2 D / sqrt(H) of the new params (float64 SVD), no logits
+    tree = ("gqa",)
+    a = jax.tree.map(lambda t, v: np.asarray(t, np.float64) + np.asarray(v, np.float64), PARAMS["gqa"], UPD["gqa"])
+    wq, wk = a["query"]["kernel"], a["key"]["kernel"]
+    bound = np.array([np.linalg.svd(wq[:, h] @ wk[:, h // 2].T, compute_uv=False)[0] for h in range(N)]) * D / H**0.5
+    tau_b = float(np.median(bound))
+    tb = so.qk_clip(tau_b, source="bound")
+    got = jax.jit(lambda u, p: tb.update(u, tb.init(p), p)[0])(sub(us, tree), sub(ps, tree))
+    check(kind + " bound", got, sub(PARAMS, tree), sub(UPD, tree), {"gqa": bound}, sub(SPECS, tree) if kind == "Explicit" else None, tau=tau_b)
+    print("ok bound", kind)
+
     # The logits of the step: q, k of a batch sharded over data, heads over model; one max over the batch.
     xs = jax.device_put(X, NamedSharding(mesh, P("data", None, None)))
 
@@ -181,9 +192,7 @@ with jax.set_mesh(mesh):
 # Inside shard_map: every device clips its own heads, the logits' max over the batch is one pmax over
 # 'data'; nothing else crosses devices. (A flat fused c_attn must not be split along its fan-out there:
 # a block would mix q, k and v columns.)
-SHARD_MAP = (
-    COMMON
-    + """
+SHARD_MAP = """
 mesh = mesh_of("Auto")  # shard_map's in_specs say the layout (numpy inputs are split by them)
 tree = ("gqa", "gemma")
 params, upd, logits = sub(PARAMS, tree), sub(UPD, tree), sub(LOGITS, tree)
@@ -235,23 +244,19 @@ clip = collectives(run(True).lower(upd, params, X).compile().as_text())
 assert clip == base, (clip, base)
 print("ok shard_map", base)
 """
-)
 
 
-def test_qk_clip_explicit_mesh():
-    """Explicit (4, 2) mesh: values against float64, untouched heads, layouts, collectives."""
-    out = run_script(JIT.replace("kind = sys.argv[1]", "kind = 'Explicit'"), devices=8)
-    for line in ("ok values Explicit", "ok collectives Explicit", "ok fused Explicit"):
+def test_qk_clip_explicit_mesh_and_shard_map():
+    """Explicit (4, 2) mesh: values against float64, untouched heads, layouts, collectives; then the
+    same inside shard_map (one interpreter: the fast tier pays one start)."""
+    out = run_script(JIT.replace("kind = sys.argv[1]", "kind = 'Explicit'") + SHARD_MAP, devices=8)
+    for line in ("ok values Explicit", "ok bound Explicit", "ok collectives Explicit", "ok fused Explicit"):
         assert line in out, out
+    assert "ok shard_map" in out, out
 
 
 @pytest.mark.slow
 def test_qk_clip_auto_mesh():
     out = run_script(JIT.replace("kind = sys.argv[1]", "kind = 'Auto'"), devices=8)
-    for line in ("ok values Auto", "ok collectives Auto", "ok fused Auto"):
+    for line in ("ok values Auto", "ok bound Auto", "ok collectives Auto", "ok fused Auto"):
         assert line in out, out
-
-
-def test_qk_clip_inside_shard_map():
-    out = run_script(SHARD_MAP, devices=8)
-    assert "ok shard_map" in out, out

@@ -17,6 +17,14 @@ Without logits (``source='bound'``), ``S^h`` is the weight-only bound
 ``sqrt(d_in)``: RMS-normalized inputs; biases ignored), computed on the ``d_h x d_h`` side
 as ``||R_q R_k^T||_2`` with ``W^h = Q R`` (QR). See docs/math.md, "QK-clip".
 
+Sharded parameters: the factor of an entry depends only on its layer and head, so it is built at
+the size of the ``(L, N)`` logits (the kernel's fan-in axes of size 1) and broadcast against each
+leaf in its own layout. On ``Explicit`` meshes the updates keep the parameters' shardings and, where
+the heads have an axis of their own (or lead a flat fan-out axis), the logits' head sharding is kept,
+so no collective is added; a flat fused ``(d, 3 N d_h)`` projection replicates the ``(L, N)``
+factors first (one gather when the logits come sharded). Inside ``shard_map`` each device clips its
+own heads with its own logits (a flat fused kernel must then not be split along its fan-out).
+
 References:
   Kimi Team (2025), "Kimi K2: Open Agentic Intelligence", arXiv:2507.20534 (MuonClip).
   Su (2025), "QK-Clip: taking Muon one step further".
@@ -37,7 +45,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spectral_optax._distributed.mesh import aval_mesh, is_explicit, keeping_layout
+from spectral_optax._distributed.mesh import aval_mesh, is_explicit, keeping_layout, on_auto_axes
 from spectral_optax._geometry import Geometry, GeometryLike, as_geometry_map, path_str, to_matrix
 
 __all__ = ["qk_clip", "attention_max_logits", "collect_max_logits", "qk_logit_bound", "AttentionSpec"]
@@ -280,15 +288,21 @@ def _head_view(x, side: _Side) -> jax.Array:
 # The weight-only bound.
 # --------------------------------------------------------------------------
 def _bound_per_head(params, q: _Side, k: _Side, leaves, input_norm) -> jax.Array:
-    """``(L, N)``: ``||W_q^h W_k^h^T||_2 r^2 / sqrt(d_h)`` on the ``d_h x d_h`` side."""
-    wq, wk = _head_view(leaves[q.path], q), _head_view(leaves[k.path], k)
-    group = q.heads // k.heads
-    wk = jnp.repeat(wk, group, axis=1)
-    rq = jnp.linalg.qr(wq, mode="r")  # (L, N, d_h, d_h) when d_in >= d_h
-    rk = jnp.linalg.qr(wk, mode="r")
-    sigma = jnp.linalg.svd(rq @ jnp.swapaxes(rk, -1, -2), compute_uv=False)[..., 0]
+    """``(L, N)``: ``||W_q^h W_k^h^T||_2 r^2 / sqrt(d_h)`` on the ``d_h x d_h`` side.
+
+    A function of whole ``d_in x d_h`` head matrices: on an ``Explicit`` mesh it runs with the mesh
+    axes ``Auto`` (XLA gathers what each head needs) and returns the bound replicated."""
+
+    def bound(wq, wk):
+        wq, wk = _head_view(wq, q), _head_view(wk, k)
+        wk = jnp.repeat(wk, q.heads // k.heads, axis=1)
+        rq = jnp.linalg.qr(wq, mode="r")  # (L, N, d_h, d_h) when d_in >= d_h
+        rk = jnp.linalg.qr(wk, mode="r")
+        return jnp.linalg.svd(rq @ jnp.swapaxes(rk, -1, -2), compute_uv=False)[..., 0]
+
+    sigma = on_auto_axes(bound, leaves[q.path], leaves[k.path])
     r2 = float(q.geometry.d_in) if input_norm is None else jnp.asarray(input_norm, jnp.float32) ** 2
-    return sigma * r2 / math.sqrt(wq.shape[-1])
+    return sigma * r2 / math.sqrt(q.geometry.d_out // q.heads)
 
 
 def qk_logit_bound(
@@ -427,7 +441,9 @@ def qk_clip(
 ) -> optax.GradientTransformationExtraArgs:
     """QK-clip: rescale the query and key heads whose logits exceed ``threshold``.
 
-    Chain it after any optimizer: ``optax.chain(so.muon(lr), so.qk_clip(100.0))``. Its
+    Chain it after any optimizer, last: ``optax.chain(so.muon(lr), so.qk_clip(100.0))`` (a
+    transform after it that scales the updates, such as ``optax.scale_by_schedule``, would scale
+    the clip as well). Its
     ``update(updates, state, params, max_logits=...)`` returns updates ``u'`` such that
     ``params + u'`` are the optimizer's new parameters ``params + updates`` with every head's
     ``W_q^h, W_k^h`` (and biases) multiplied by ``sqrt(gamma_h)``,
