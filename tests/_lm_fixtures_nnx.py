@@ -37,7 +37,9 @@ class NNXBlock(nnx.Module):
 
 
 class NNXDecoder(nnx.Module):
-    def __init__(self, d: int, *, vocab: int = 256, layers: int = 2, context: int = 16, tied: bool = True, rngs: nnx.Rngs):
+    def __init__(
+        self, d: int, *, vocab: int = 256, layers: int = 2, context: int = 16, tied: bool = True, rngs: nnx.Rngs
+    ):
         self.tied = tied
         self.embed = nnx.Embed(vocab, d, rngs=rngs)
         self.pos_embed = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (context, d)))

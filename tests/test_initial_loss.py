@@ -107,7 +107,10 @@ FAMILIES = {
     "nnx_tied_lm": (_nnx(lambda d: NNXDecoder(d, rngs=nnx.Rngs(0)), _lm_batch), True),
     "nnx_untied_lm": (_nnx(lambda d: NNXDecoder(d, tied=False, rngs=nnx.Rngs(0)), _lm_batch), False),
     "linen_gpt": (_linen(lambda d: so.nn.linen.Transformer(VOCAB, d, 2, d // 16, max_len=16), _lm_batch), False),
-    "nnx_gpt": (_nnx(lambda d: so.nn.nnx.Transformer(VOCAB, d, 2, d // 16, max_len=16, rngs=nnx.Rngs(0)), _lm_batch), False),
+    "nnx_gpt": (
+        _nnx(lambda d: so.nn.nnx.Transformer(VOCAB, d, 2, d // 16, max_len=16, rngs=nnx.Rngs(0)), _lm_batch),
+        False,
+    ),
     "vit": (_linen(ViT, _image_batch), False),
     "mlp": (_linen(_FlatMLP, _image_batch), False),
     "residual_mlp": (_linen(lambda d: _FlatMLP(d, residual=True), _image_batch), False),

@@ -101,7 +101,9 @@ def _nnx_setup(d, tied=True):
     return model, x, params, geometry
 
 
-@pytest.mark.parametrize("d", [32, pytest.param(128, marks=pytest.mark.slow), pytest.param(512, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "d", [32, pytest.param(128, marks=pytest.mark.slow), pytest.param(512, marks=pytest.mark.slow)]
+)
 def test_nnx_tied_initial_loss_is_ln_vocab_with_the_readout_multiplier(d):
     model, x, params, geometry = _nnx_setup(d)
     unfixed = _loss(model(x), x)
