@@ -107,6 +107,8 @@ def _from_names(path: str, shape: tuple[int, ...], shape_of, resolve_one: Callab
         if _CONV_LOCAL_NAME.match(parent):  # one (window x in, out) matrix per output position
             return Geometry(shape, "matrix", (ndim - 2,), (ndim - 1,), role=role)
         if _CONV_NAME.search(parent):
+            if _conv_local_layout(parts, shape, shape_of):
+                return Geometry(shape, "matrix", (ndim - 2,), (ndim - 1,), role=role)
             return Geometry(shape, "matrix", tuple(range(ndim - 1)), (ndim - 1,), role=role)
         if _DENSE_NAME.match(parent):
             return Geometry.matrix(shape, role=role)
@@ -119,6 +121,41 @@ def _from_names(path: str, shape: tuple[int, ...], shape_of, resolve_one: Callab
         f"cannot infer the geometry of parameter '{path}' with shape {shape}: no Flax naming "
         f"rule decides which of its {ndim} axes are fan-in, fan-out and batch axes.\n" + _override_help(path, shape)
     )
+
+
+def _conv_local_layout(parts: list[str], shape: tuple[int, ...], shape_of) -> bool:
+    """Whether a kernel under a conv name (not ``ConvLocal``) is read as a ``nn.ConvLocal`` kernel
+    ``(*out_positions, window x in, out)`` rather than a conv kernel ``(*window, in, out)``.
+
+    The shapes decide where they can (docs/guide.md): a bias ``(out,)`` beside it is a conv's, a bias
+    ``(*out_positions, out)`` a local conv's; without a bias, a kernel whose input axis ``shape[-2]``
+    is the output width of another kernel in the tree, or at most 4 (image channels), or whose window
+    is ``1 x ... x 1`` (the two readings are the same matrices) is a conv. Otherwise the layouts cannot be
+    told apart and give different updates (a ``(9 in, out)`` matrix or 9 ``(in, out)`` matrices): warned
+    with the path and the override, and read as a conv.
+    """
+    bias = shape_of.get("/".join(parts[:-1] + ["bias"]))
+    if bias is not None:
+        return len(bias) == len(shape) - 1 and tuple(bias) == shape[:-2] + shape[-1:] and len(bias) > 1
+    if int(np.prod(shape[:-2])) == 1 or shape[-2] <= 4:
+        return False
+    outs = {s[-1] for p, s in shape_of.items() if p.split("/")[-1] == "kernel" and len(s) >= 2 and p != "/".join(parts)}
+    if shape[-2] in outs:
+        return False
+    path = "/".join(parts)
+    nd = len(shape)
+    warnings.warn(
+        f"parameter '{path}' with shape {shape}: a kernel under a conv name may be a conv kernel (*window, in, "
+        "out) or an nn.ConvLocal kernel (*out_positions, window x in, out), and no bias or sibling layer's width "
+        "tells which; the two give different updates. Taken as a conv kernel. Pass the model "
+        "(spectral_optax.GeometryMap.from_linen(model, x)), or fix it with an override, e.g. "
+        f"geometry={{r'{parts[-2]}/kernel$': dict(kind='matrix', fan_in_axes=({nd - 2},), fan_out_axes=({nd - 1},))}} "
+        f"(a ConvLocal: one matrix per output position) or dict(kind='matrix', fan_in_axes={tuple(range(nd - 1))}, "
+        f"fan_out_axes=({nd - 1},)) (a conv).",
+        GeometryWarning,
+        stacklevel=5,
+    )
+    return False
 
 
 def _named_layout(parts: list[str], shape: tuple[int, ...], shape_of, role: str) -> Geometry | None:

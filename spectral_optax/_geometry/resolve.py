@@ -331,7 +331,9 @@ class GeometryMap:
             if other is None:
                 src = "name rule"
                 try:
-                    other = _from_names(path, shape, shape_of, self._resolve_one)
+                    with warnings.catch_warnings():  # a cross-check only: the trace decided
+                        warnings.simplefilter("ignore", GeometryWarning)
+                        other = _from_names(path, shape, shape_of, self._resolve_one)
                 except GeometryError:
                     other = None
             how = t.reason
@@ -345,15 +347,22 @@ class GeometryMap:
             _gqa_fused_warning(path, shape)
         if hint is not None:
             lay = self._hint_for(path)
-            if t is None and lay is not None and lay.doubt is not None:
+            gave_up = t is not None and not t.defer  # the trace saw the leaf and could not decide it
+            if (t is None or gave_up) and lay is not None and lay.doubt is not None:
+                fix = (
+                    f"the trace could not decide it ({t.reason}): fix it with an override"
+                    if gave_up and t is not None
+                    else "Pass example inputs so that the trace decides (spectral_optax.GeometryMap.from_nnx("
+                    "model, x) / from_linen(model, x)), or fix it with an override"
+                )
                 warnings.warn(
                     f"parameter '{path}' with shape {shape}: taken as {_short(hint)} from its module, but "
-                    f"{lay.doubt}. Pass example inputs so that the trace decides "
-                    "(spectral_optax.GeometryMap.from_nnx(model, x) / from_linen(model, x)), or fix it with an "
-                    "override.\n" + _override_help(path, shape),
+                    f"{lay.doubt}. {fix[0].upper() + fix[1:]}.\n" + _override_help(path, shape),
                     GeometryWarning,
                     stacklevel=4,
                 )
+                if gave_up and t is not None:
+                    return hint, f"module hint (warned; trace: {t.reason})"
                 return hint, "module hint (warned: unchecked without a trace)"
             if head is not None and t is None and hint.role != "output":
                 _default_head_warning(path, shape, head)

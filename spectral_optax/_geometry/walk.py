@@ -316,7 +316,9 @@ class _Tracer:
         """A parameter tiled over the batch or concatenated with the activations (a query probe, a class or
         register token): a constant input, recorded as a ``'token'`` use over its axes of size > 1; what it
         makes is an activation."""
-        recs = [r for r in self.classify(view, {d: "out" for d in range(len(view.dims))}) if self.shapes[view.p][r[1]] > 1]
+        recs = [
+            r for r in self.classify(view, {d: "out" for d in range(len(view.dims))}) if self.shapes[view.p][r[1]] > 1
+        ]
         self.use(view, "token", recs)
         self.act.add(out)
         return False
@@ -391,14 +393,17 @@ class _Tracer:
                 self.prods[outs[0]] = _ProdOut(po.use, dims, po.tags)
         elif name in ("slice", "dynamic_slice", "split") and i == 0:
             res = _cut(name, p, po.dims, in_shapes[i], [tuple(o.aval.shape) for o in eqn.outvars])
-            dims_in = tuple(((-1, 1, int(n)),) for n in eqn.outvars[0].aval.shape)
-            cut_dims = (p["axis"],) if name == "split" else tuple(
-                d for d in range(len(in_shapes[i])) if eqn.outvars[0].aval.shape[d] != in_shapes[i][d])
+            cut_dims = (
+                (p["axis"],)
+                if name == "split"
+                else tuple(d for d in range(len(in_shapes[i])) if eqn.outvars[0].aval.shape[d] != in_shapes[i][d])
+            )
             key = (ins[i], name == "split", cut_dims)
             if key not in self._cut_ids:
                 self._cut_ids[key] = len(self.cuts)
                 self.cuts.append(_Cut(po.use, []))
             cid = self._cut_ids[key]
+            blocks: list[Any]
             if name == "split":
                 blocks = list(range(len(outs)))
             elif name == "slice":
@@ -413,7 +418,7 @@ class _Tracer:
                     "different widths, e.g. grouped-query q / k / v): a Geometry splits a fan-out only into "
                     "equal blocks. Override it as one matrix, or keep the blocks as separate parameters"
                 )
-                dims_list = [dims_in] * len(outs)
+                dims_list: list[_Dims] = [tuple(((-1, 1, int(n)),) for n in o.aval.shape) for o in eqn.outvars]
             else:
                 recs, dims_list = res
                 if not self.cuts[cid].note:
@@ -428,8 +433,10 @@ class _Tracer:
             for cid, bs in seen.items():
                 if len(bs) > 1:
                     self.cuts[cid].rejoined = True
-            if name == "complex" and len({q.use for _, q in prods}) == 1 and tuple(out_shape) == tuple(in_shapes[i]):
-                self.prods[outs[0]] = _ProdOut(po.use, po.dims, tags)
+            if len({q.use for _, q in prods}) == 1:  # still that product's output, its blocks side by side
+                same = name == "complex" and tuple(out_shape) == tuple(in_shapes[i])
+                dims = po.dims if same else tuple(((-1, 1, int(n)),) for n in out_shape)
+                self.prods[outs[0]] = _ProdOut(po.use, dims, tags)
         elif name in _ELEMENTWISE and tuple(out_shape) == tuple(in_shapes[i]):
             if len({q.use for _, q in prods}) == 1:  # one product's blocks (a rotation mixes them)
                 self.prods[outs[0]] = _ProdOut(po.use, po.dims, frozenset().union(*(q.tags for _, q in prods)))
