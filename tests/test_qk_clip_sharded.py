@@ -260,3 +260,50 @@ def test_qk_clip_auto_mesh():
     out = run_script(JIT.replace("kind = sys.argv[1]", "kind = 'Auto'"), devices=8)
     for line in ("ok values Auto", "ok bound Auto", "ok collectives Auto", "ok fused Auto"):
         assert line in out, out
+
+
+# The package's GPT on an Auto mesh: the sown logits and the muon + qk_clip step equal the one-device run.
+MODEL = """
+import warnings
+import jax, jax.numpy as jnp, numpy as np, optax
+from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+import spectral_optax as so
+
+warnings.filterwarnings("ignore", category=so.GeometryWarning)
+model = so.nn.linen.Transformer(vocab_size=32, features=32, num_blocks=2, num_heads=4, max_len=8, qkv="split",
+                                record_max_logits=True)
+x = (jnp.arange(64).reshape(8, 8) * 7) % 32
+params = model.init(jax.random.key(0), x)["params"]
+geom = so.GeometryMap.from_linen(model, x)
+opt = optax.chain(so.muon(0.05, geometry=geom), so.qk_clip(2.8, geometry=geom))
+
+def step(p, x):
+    def loss(p):
+        y, inter = model.apply({"params": p}, x, mutable=["intermediates"])
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(y, x)), so.collect_max_logits(inter)
+    (_, ml), g = jax.value_and_grad(loss, has_aux=True)(p)
+    u, _ = opt.update(g, opt.init(p), p, max_logits=ml)
+    return optax.apply_updates(p, u), ml
+
+ref, ml_ref = jax.jit(step)(params, x)
+s = np.asarray(ml_ref["blocks/attn"])
+assert (s > 2.8).any() and (s <= 2.8).any(), s  # heads on both sides of tau
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+heads = lambda path, a: (P(None, None, "model", None) if a.ndim == 4 and "out" not in jax.tree_util.keystr(path)
+                         else P())  # (L, D, N, H) q / k / v kernels: heads over model
+with jax.set_mesh(mesh):
+    ps = jax.tree_util.tree_map_with_path(lambda pa, a: jax.device_put(a, NamedSharding(mesh, heads(pa, a))), params)
+    got, ml = jax.jit(step)(ps, jax.device_put(x, NamedSharding(mesh, P("data"))))
+np.testing.assert_allclose(np.asarray(ml["blocks/attn"]), s, rtol=1e-5)
+for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(ref)):
+    name = jax.tree_util.keystr(path)
+    if name.endswith("['key']['bias']"):
+        continue  # softmax ignores a key bias: its gradient is rounding noise, which Muon's update normalizes
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5, err_msg=name)
+print("ok model")
+"""
+
+
+@pytest.mark.slow
+def test_qk_clip_package_gpt_on_auto_mesh():
+    assert "ok model" in run_script(MODEL, devices=8)
