@@ -163,9 +163,8 @@ for mode in (AxisType.Explicit, AxisType.Auto):
             ("mup_adamw", "AxisType.Explicit")]:
         assert checked.get(key, 0) > 0, (key, checked)
     # On these layouts the state keeps its parameters' layout on Auto meshes too, since the updates
-    # are tied to the gradients' layout (keeping_layout). The deviation that remains (a replicated
-    # fused-QKV momentum on a 2-D Auto mesh, docs/sharding.md "Optimizer state layout") is not among
-    # these layouts; any deviation here is a regression.
+    # are tied to the gradients' layout (keeping_layout). The deviations that remain on other
+    # layouts (docs/sharding.md, "Optimizer state layout") are not among these; any here is a regression.
     deviations = sorted(line for line in out.splitlines() if line.startswith("auto-layout"))
     assert deviations == [], deviations
 
