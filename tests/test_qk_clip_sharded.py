@@ -29,20 +29,23 @@ PARAMS = {
     "gqa": {"query": {"kernel": f32(D, N, H)}, "key": {"kernel": f32(D, K, H)}, "value": {"kernel": f32(D, K, H)}},
     "gemma": {"qkv_einsum": {"w": f32(3, N, D, H)}},
     "h": {"c_attn": {"kernel": f32(L, D, 3 * N * H), "bias": f32(L, 3 * N * H)}},
+    "llama": {"self_attn": {"q_proj": {"kernel": f32(D, N * H)}, "k_proj": {"kernel": f32(D, N * H)}}},
 }
 UPD = jax.tree.map(lambda p: 0.01 * rng.standard_normal(p.shape).astype(np.float32), PARAMS)
 LOGITS = {  # every attention has heads under and over TAU
     "gqa": np.array([1.0, 5.0, 2.0, 0.5], np.float32),
     "gemma": np.array([0.5, 3.0, 8.0, 1.0], np.float32),
     "h": np.array([[1.0, 9.0, 3.0, 0.1], [4.0, 0.2, 2.5, 30.0]], np.float32),
+    "llama": {"self_attn": np.array([3.0, 0.5, 1.0, 7.0], np.float32)},
 }
 # kernels (fan-in, fan-out) over (data, model), heads over model; logits sharded like the heads
 SPECS = {
     "gqa": {k: {"kernel": P("data", "model", None)} for k in ("query", "key", "value")},
     "gemma": {"qkv_einsum": {"w": P(None, "model", "data", None)}},
     "h": {"c_attn": {"kernel": P(None, "data", "model"), "bias": P(None, "model")}},
+    "llama": {"self_attn": {k: {"kernel": P("data", "model")} for k in ("q_proj", "k_proj")}},  # flat (D, N H)
 }
-LSPECS = {"gqa": P("model"), "gemma": P("model"), "h": P(None, "model")}
+LSPECS = {"gqa": P("model"), "gemma": P("model"), "h": P(None, "model"), "llama": {"self_attn": P("model")}}
 
 
 def reference(params, upd, logits, tau=TAU):
@@ -72,6 +75,11 @@ def reference(params, upd, logits, tau=TAU):
         new["h"]["c_attn"]["bias"] *= col
         keep["h"]["c_attn"]["kernel"][:] = (col == 1)[:, None, :]
         keep["h"]["c_attn"]["bias"][:] = col == 1
+    if "llama" in params:
+        g = np.repeat(root(logits["llama"]["self_attn"]), H)  # head n: columns n H .. n H + H - 1
+        for name in ("q_proj", "k_proj"):
+            new["llama"]["self_attn"][name]["kernel"] *= g[None, :]
+            keep["llama"]["self_attn"][name]["kernel"][:] = (g == 1)[None, :]
     return new, keep
 
 
@@ -155,14 +163,21 @@ with jax.set_mesh(mesh):
         k = jnp.einsum("btd,dkh->btkh", x, a["key"]["kernel"])
         w = p["gemma"]["qkv_einsum"]["w"]
         qe, ke = jnp.einsum("btd,sndh->sbtnh", x, w)[:2]
-        return {"gqa": so.attention_max_logits(q, k), "gemma": so.attention_max_logits(qe, ke)}
+        a = p["llama"]["self_attn"]
+        ql = (x @ a["q_proj"]["kernel"]).reshape(B, T, N, H)
+        kl = (x @ a["k_proj"]["kernel"]).reshape(B, T, N, H)
+        return {
+            "gqa": so.attention_max_logits(q, k),
+            "gemma": so.attention_max_logits(qe, ke),
+            "llama": {"self_attn": so.attention_max_logits(ql, kl)},
+        }
 
     def step(u, p, x, clip):
         ml = logits_of(p, x)
         u = TX.update(u, TX.init(p), p, max_logits=ml)[0] if clip else u
         return optax.apply_updates(p, u), ml
 
-    tree = ("gqa", "gemma")
+    tree = ("gqa", "gemma", "llama")
     args = (sub(us, tree), sub(ps, tree), xs)
     base = collectives(jax.jit(lambda u, p, x: step(u, p, x, False)).lower(*args).compile().as_text())
     clip = collectives(jax.jit(lambda u, p, x: step(u, p, x, True)).lower(*args).compile().as_text())
