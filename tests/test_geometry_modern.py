@@ -167,7 +167,10 @@ def vit_truth():
         truth[f"MAPHead_0/MlpBlock_0/{n}/bias"] = t(V, (), (0,))
         truth[f"encoderblock/MlpBlock_0/{n}/kernel"] = t(M, (1,), (2,), L)
         truth[f"encoderblock/MlpBlock_0/{n}/bias"] = t(V, (), (1,), L)
-    for m, b in {"MAPHead_0/MultiHeadDotProductAttention_0": (), "encoderblock/MultiHeadDotProductAttention_0": L}.items():
+    for m, b in {
+        "MAPHead_0/MultiHeadDotProductAttention_0": (),
+        "encoderblock/MultiHeadDotProductAttention_0": L,
+    }.items():
         o = len(b)
         for n in ("query", "key", "value"):  # (D, N, H) heads
             truth[f"{m}/{n}/kernel"] = t(M, (o,), (o + 1, o + 2), b)
@@ -242,6 +245,21 @@ def test_linen_scan_remat_vmap_cond_bodies_dropping_per_layer_outputs():
     truth |= {"branch/kernel": t(M, (0,), (1,)), "branch/bias": t(V, (), (0,)),
               "readout/kernel": t(M, (0,), (1,), role="output"), "readout/bias": t(V, (), (0,), role="output")}  # fmt: skip
     check_truth(params, GeometryMap.from_linen(model, x), truth)
+
+
+def test_while_loop_carry_the_model_drops_carries_no_role():
+    def apply(p, x):
+        def body(c):
+            i, h, _ = c
+            h = jnp.tanh(h @ p["w"])
+            return i + 1, h, h @ p["aux"]  # a per-step output carried and dropped
+
+        _, h, _ = jax.lax.while_loop(lambda c: c[0] < 3, body, (0, x, jnp.zeros((2, 3))))
+        return h @ p["head"]
+
+    params = {"w": jnp.zeros((6, 6)), "aux": jnp.zeros((6, 3)), "head": jnp.zeros((6, 2))}
+    gmap = GeometryMap.from_apply(apply, params, jnp.zeros((2, 6)))
+    check_truth(params, gmap, {"w": t(M, (0,), (1,)), "aux": t(M, (0,), (1,)), "head": t(M, (0,), (1,), role="output")})
 
 
 # ================================================================ ConvLocal from plain params
