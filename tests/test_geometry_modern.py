@@ -347,3 +347,15 @@ def test_moe_experts_router_shared_expert_under_scan(how):
     check_truth(params, gmap, truth)
     check_muon_matches_truth(params, gmap, truth)
     check_experts_independent(params, gmap)
+
+
+def test_gathered_rows_contracted_with_an_activation_stay_a_table():
+    """Rows of a table gathered and contracted over the table's only free axis (a sampled softmax) are
+    looked-up vectors, not expert matrices: the table stays an embedding."""
+
+    def apply(p, tok, neg):
+        return jnp.einsum("bd,bkd->bk", p["emb"][tok] @ p["w"], p["emb"][neg])
+
+    params = {"emb": jnp.zeros((20, 8)), "w": jnp.zeros((8, 8))}
+    gmap = GeometryMap.from_apply(apply, params, jnp.zeros((2,), jnp.int32), jnp.zeros((2, 5), jnp.int32))
+    assert summary(gmap.tree(params)["emb"]) == t(E, (0,), (1,))

@@ -346,7 +346,10 @@ class _Tracer:
             contract, batch = (lc, lb) if gi == 0 else (rc, rb)
             classes = {d: "in" for d in contract} | {d: "batch" for d in batch}
             classes |= {d: "out" for d in range(len(view.dims)) if d not in classes}
-            u = self.use(view, "dot", self.classify(view, classes), out=outs[0])
+            recs = self.classify(view, classes)
+            if not {"in", "out"} <= {r[0] for r in recs}:
+                return False  # looked-up rows contracted with an activation (a sampled softmax): a table
+            u = self.use(view, "dot", recs, out=outs[0])
             self.uses[gu].kind = "selection"  # the gather picked the slices this product uses: not a lookup
             free = [d for d in range(len(view.dims)) if d not in contract and d not in batch]
             other_free = [d for d in range(len(eqn.invars[1 - gi].aval.shape))
