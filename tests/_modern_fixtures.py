@@ -336,10 +336,13 @@ class MoE(nn.Module):
 
 class MoEBlock(nn.Module):
     how: str = "einsum"
+    experts: int = 4
+    hidden: int = 32
 
     @nn.compact
     def __call__(self, x, _):
-        return x + MoE(how=self.how, name="moe")(nn.LayerNorm(name="norm")(x)), None
+        moe = MoE(self.experts, self.hidden, how=self.how, name="moe")
+        return x + moe(nn.LayerNorm(name="norm")(x)), None
 
 
 class MoELM(nn.Module):
@@ -349,10 +352,12 @@ class MoELM(nn.Module):
     d: int = 16
     layers: int = 2
     how: str = "einsum"
+    experts: int = 4
+    hidden: int = 32
 
     @nn.compact
     def __call__(self, tokens):
         x = nn.Embed(self.vocab, self.d, name="embed")(tokens)
         blocks = nn.scan(MoEBlock, variable_axes={"params": 0}, split_rngs={"params": True}, length=self.layers)
-        x, _ = blocks(how=self.how, name="blocks")(x, None)
+        x, _ = blocks(self.how, self.experts, self.hidden, name="blocks")(x, None)
         return nn.Dense(self.vocab, name="lm_head")(x)

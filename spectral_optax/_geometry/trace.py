@@ -17,7 +17,17 @@ scaling by a constant, the sub-jaxprs of ``jit`` / ``custom_jvp`` /
 * an axis cut into equal blocks that are used separately (a fused QKV kernel
   split before the product, or its product split after it, forward-followed
   to the ``split`` / ``slice``): a batch axis when every block is one index,
-  else ``fan_out_splits`` blocks.
+  else ``fan_out_splits`` blocks. A cut of a product's output whose blocks
+  meet again in a ``concatenate`` / ``stack`` / ``complex`` (a rotary
+  embedding's halves, interleaved pairs or complex rotation) was not used
+  separately: it leaves no blocks;
+* a product's output dimension that a later parametrized product takes as a
+  ``dot_general`` batch dimension (experts: ``'nd,edf->enf'``, then
+  ``'enf,efd->end'``), ``ragged_dot``'s group axis, and the axis a gather picks
+  whole slices of for a product (gathered expert weights): batch axes;
+* a parameter tiled / broadcast over a new axis or concatenated with the
+  activations (a query probe, a class or register token): a constant input,
+  a vector (one token) or an embedding (several).
 
 The read-out (``role='output'``) is a parametrized product whose result
 reaches the traced function's output without passing through another
@@ -32,7 +42,8 @@ undecided with the reason, and :class:`~spectral_optax.GeometryMap` handles it
 ``init`` that runs the forward pass (Linen's ``init``, as ``jax.jit`` traces
 it): the walk starts from the variables that become the parameters (seeded
 where they are made, inside ``scan`` / ``jit`` bodies too), the read-out is
-judged at the values the init computes and drops (the model's output), and
+judged at the model's output (marked in the trace, so that per-layer outputs
+of a scan body that the model drops are not outputs), and
 the same trace is compiled for the values, so that init and geometry cost one
 trace of the model.
 

@@ -7,7 +7,8 @@ view of ``p``: for each of its dimensions, the pieces of ``p``'s axes it
 carries. Each op that consumes a view is recorded as a use of ``p`` with the
 class of every axis it sees (``'in'`` contracted with an activation, ``'out'``,
 ``'batch'``, or a block of an axis cut into equal parts); a product's output
-is followed forward to where it is cut into blocks. The graph of values, with
+is followed forward to where it is cut into blocks (a cut whose blocks are
+re-joined is void, :meth:`_Tracer.finish`). The graph of values, with
 the parametrized products marked, is kept for the read-out rule
 (:meth:`_Tracer.clean`). :mod:`spectral_optax._geometry.trace` turns the uses
 into decisions.
