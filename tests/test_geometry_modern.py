@@ -262,6 +262,24 @@ def test_while_loop_carry_the_model_drops_carries_no_role():
     check_truth(params, gmap, {"w": t(M, (0,), (1,)), "aux": t(M, (0,), (1,)), "head": t(M, (0,), (1,), role="output")})
 
 
+def test_register_tokens_are_a_table_and_a_scalar_gate_a_vector():
+    """Register tokens ``(1, R, D)`` tiled and concatenated: R learned inputs, each read by its own one-hot
+    index (an embedding over R); a class token ``(1, 1, D)``: a vector; a learned scalar gate broadcast over
+    the activations: a vector."""
+
+    def apply(p, x):
+        n = x.shape[0]
+        tokens = [jnp.tile(p["cls"], (n, 1, 1)), jnp.tile(p["registers"], (n, 1, 1)), x @ p["w"]]
+        h = jnp.concatenate(tokens, axis=1) * p["gate"]
+        return h[:, 0] @ p["head"]
+
+    params = {"cls": jnp.zeros((1, 1, 8)), "registers": jnp.zeros((1, 4, 8)), "w": jnp.zeros((6, 8)),
+              "gate": jnp.zeros(()), "head": jnp.zeros((8, 3))}  # fmt: skip
+    gmap = GeometryMap.from_apply(apply, params, jnp.zeros((2, 5, 6)))
+    check_truth(params, gmap, {"cls": t(V, (), (2,), (0, 1)), "registers": t(E, (1,), (2,), (0,)),
+                               "w": t(M, (0,), (1,)), "gate": t(V), "head": t(M, (0,), (1,), role="output")})  # fmt: skip
+
+
 # ================================================================ ConvLocal from plain params
 def test_convlocal_under_a_neutral_name_traced_and_warned_from_plain_params():
     model = F.ResNet1Local()
