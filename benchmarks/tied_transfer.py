@@ -50,13 +50,15 @@ PRESETS = {
     "quick": {"widths": [32, 128], "num_lrs": 5, "steps": 80, "seeds": 2, "context": 32, "batch_size": 8},
     "default": {"widths": [32, 128, 256], "num_lrs": 6, "steps": 150, "seeds": 2, "context": 64, "batch_size": 16},
 }
-#: LR grid centers (peak LR) per optimizer, and which init each runs on.
+#: Per optimizer: the init it runs on and its LR grid centers (peak LR) on the tied and the untied model. The
+#: tied model's muP-family centers are 2x-4x the untied ones: its read-out moves by the table's steps times
+#: ``1 / d`` (a slower read-out at the proxy than the untied head), and the grid must hold the best LR at every width.
 OPTIMIZERS = {
-    "muon": ("spectral", 0.02),
-    "moga": ("spectral", 0.008),
-    "mup_adamw": ("spectral", 0.008),
-    "adamw_sp": ("own", 0.008),
-    "muon_own": ("own", 0.03),
+    "muon": ("spectral", {"tied": 0.08, "untied": 0.04}),
+    "moga": ("spectral", {"tied": 0.032, "untied": 0.016}),
+    "mup_adamw": ("spectral", {"tied": 0.032, "untied": 0.016}),
+    "adamw_sp": ("own", {"tied": 0.008, "untied": 0.008}),
+    "muon_own": ("own", {"tied": 0.04, "untied": 0.04}),
 }
 DEFAULT_OPTIMIZERS = ("muon", "moga", "mup_adamw", "adamw_sp")
 
@@ -100,12 +102,12 @@ class Decoder(nn.Module):
         return embed.attend(x) if self.tied else nn.Dense(self.vocab, name="head")(x)
 
 
-def make_model(d: int, data, *, tied: bool, init: str):
+def make_model(d: int, data, *, tied: bool, init: str, readout_base: float = 1.0):
     """``(lab.Model, geometry)`` of the decoder at width ``d``.
 
     ``init='own'``: Flax's default init, the model as written. ``'spectral'``:
     ``reinitialize`` from the traced geometry and, when tied, the read-out
-    multiplier ``1 / d`` around every apply (:func:`so.initializers.tied_readout`).
+    multiplier ``readout_base / d`` around every apply (:func:`so.initializers.tied_readout`).
     """
     module = Decoder(d, data.context, tied=tied)
     x, _ = data.numpy_batch("train", [0])
@@ -113,7 +115,7 @@ def make_model(d: int, data, *, tied: bool, init: str):
     geometry = so.GeometryMap.from_linen(module, jnp.asarray(x))
     if init == "own":
         return own, geometry
-    mult = so.initializers.tied_readout_multiplier(own.shapes(), geometry) if tied else None
+    mult = so.initializers.tied_readout_multiplier(own.shapes(), geometry, base_width=readout_base) if tied else None
     per_example = lab.loss_for("xent")
 
     def init_fn(key):
@@ -158,6 +160,8 @@ def run(
     out="out",
     tag="",
     progress=True,
+    readout_base=1.0,
+    centers=None,
 ):
     """Sweep every (model, optimizer); returns ``{model: {'summary': ..., 'regret': ..., 'results': ...}}``."""
     data = lab.load("text", context=context, sequence=True)
@@ -169,13 +173,13 @@ def run(
 
         def built(d, init, tied=tied, cache=cache):
             if (d, init) not in cache:
-                cache[d, init] = make_model(d, data, tied=tied, init=init)
+                cache[d, init] = make_model(d, data, tied=tied, init=init, readout_base=readout_base)
             return cache[d, init]
 
         base = built(widths[0], "spectral")[0].shapes()
         results, summaries = {}, {}
         for name in optimizers:
-            init, center = OPTIMIZERS[name]
+            init, center = OPTIMIZERS[name][0], (centers or {}).get(name, OPTIMIZERS[name][1][model_name])
             factory = optimizer_factory(name, lambda d, init=init: built(d, init)[1], base)
             res = lab.sweep(
                 lambda d, init=init: built(d, init)[0],
@@ -188,7 +192,7 @@ def run(
                 seeds=seeds,
                 results=results_path,
                 name=name,
-                tag=f"{model_name}/ctx{context}{tag}",
+                tag=f"{model_name}/ctx{context}{tag}" + (f"/rb{readout_base:g}" if readout_base != 1 else ""),
                 size_name="width",
                 schedule="warmup_cosine",
                 progress=progress,
@@ -225,6 +229,13 @@ def main(argv=None):
     p.add_argument("--num-lrs", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None)
+    p.add_argument(
+        "--readout-base-width",
+        type=float,
+        default=1.0,
+        help="c of the tied read-out multiplier c / d (tied_readout_multiplier's base_width; default 1: 1 / d)",
+    )
+    p.add_argument("--centers", default=None, help="LR grid centers, e.g. muon=0.04,moga=0.016 (both models)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     preset = args.preset or ("quick" if args.quick else "default")
@@ -251,6 +262,10 @@ def main(argv=None):
             out=args.out,
             tag="/quick" if preset == "quick" else "",
             progress=not args.no_progress,
+            readout_base=args.readout_base_width,
+            centers={k: float(v) for k, v in (kv.split("=") for kv in args.centers.split(","))}
+            if args.centers
+            else None,
             **cfg,
         )
     print_report(report, cfg["widths"])
@@ -263,6 +278,7 @@ def main(argv=None):
             "preset": preset,
             **cfg,
             "models": models,
+            "readout_base_width": args.readout_base_width,
             "summary": {
                 m: {
                     k: {kk: s[kk] for kk in ("best_lr", "spread_steps", "loss_at_best", "best_lr_grid", "at_edge")}
