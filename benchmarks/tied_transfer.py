@@ -18,11 +18,14 @@ the model as a user who cannot edit it would: params redrawn by
 and, for the tied table, the read-out multiplier ``1 / d`` applied by
 ``so.initializers.tied_readout`` (docs/math.md, "Tied embeddings"); the
 baseline ``adamw_sp`` is ``optax.adamw`` on the model's own (Flax default)
-init, and ``muon_own`` Muon on the model's own init (no reinitialize, no
-multiplier).
+init, ``muon_own`` Muon on the model's own init (no reinitialize, no
+multiplier), ``moga_adam_tables`` an ablation (MOGA with Adam instead of sign
+steps on the tables, norm scales and biases). ``--readout-base-width c``
+sets the tied multiplier to ``c / d`` (muP's ``output_mult``; default 1).
 
     python -m benchmarks.tied_transfer [--quick | --preset quick|default] [--json PATH] [--out DIR]
         [--models tied,untied] [--optimizers a,b] [--widths 32,128] [--steps N] [--seeds K] [--num-lrs N]
+        [--readout-base-width C] [--centers name=lr,...]
 
 Targets (issue 35): spread <= 0.5 grid steps, regret <= 0.01 nats, and the
 widest model's loss at its best LR no worse than ``adamw_sp``'s best.
@@ -57,6 +60,7 @@ OPTIMIZERS = {
     "muon": ("spectral", {"tied": 0.08, "untied": 0.04}),
     "moga": ("spectral", {"tied": 0.032, "untied": 0.016}),
     "mup_adamw": ("spectral", {"tied": 0.032, "untied": 0.016}),
+    "moga_adam_tables": ("spectral", {"tied": 0.032, "untied": 0.016}),
     "adamw_sp": ("own", {"tied": 0.008, "untied": 0.008}),
     "muon_own": ("own", {"tied": 0.04, "untied": 0.04}),
 }
@@ -140,6 +144,9 @@ def optimizer_factory(name: str, geometry_at, base):
         return lambda lr, n: so.muon(lr, geometry=geometry_at(n))
     if name == "moga":
         return lambda lr, n: so.moga(lr, geometry=geometry_at(n))
+    if name == "moga_adam_tables":  # an ablation: Adam, not sign steps, on the tables and the norm scales / biases
+        rules = {r"(embedding|pos_embed|scale|bias)$": "adam"}
+        return lambda lr, n: so.moga(lr, geometry=geometry_at(n), rules=rules)
     if name == "mup_adamw":
         return lambda lr, n: so.mup_adamw(lr, base=base, geometry=geometry_at(n))
     if name == "adamw_sp":

@@ -166,5 +166,5 @@ def tied_readout_nnx(model, multiplier: float):
         )
     for node in {id(n): n for n in embeds}.values():
         node.__class__ = _scaled_nnx_embed(type(node))
-        node.readout_multiplier = multiplier
+        node.readout_multiplier = multiplier  # type: ignore[attr-defined]  # read by the subclass (static)
     return model

@@ -117,7 +117,7 @@ FAMILIES = {
     "nn_residual_mlp": (_linen(_FlatResidualMLP, _image_batch), False),
 }
 # Fast: three cheap cases of families tests/test_tied_embeddings.py does not run fast.
-FAST = {("nnx_untied_lm", 128), ("vit", 32), ("mlp", 512)}
+FAST = {("nnx_untied_lm", 32), ("vit", 32), ("mlp", 512)}
 CASES = [
     pytest.param(f, d, id=f"{f}-{d}", marks=() if (f, d) in FAST else pytest.mark.slow)
     for f in FAMILIES
