@@ -8,8 +8,9 @@ canonical view. The modules, each importing only those above it:
   ``to_matrix`` / ``from_matrix``, leaf paths;
 * :mod:`~spectral_optax._geometry.overrides`: ``{regex: override}`` parsing;
 * :mod:`~spectral_optax._geometry.names`: the name rules;
-* :mod:`~spectral_optax._geometry.walk` and :mod:`~spectral_optax._geometry.trace`:
-  the geometry read off a traced forward pass;
+* :mod:`~spectral_optax._geometry.views`, :mod:`~spectral_optax._geometry.walk` and
+  :mod:`~spectral_optax._geometry.trace`: the geometry read off a traced forward pass (the views
+  of a parameter that ops carry, the walk of the jaxpr, the decisions);
 * :mod:`~spectral_optax._geometry.flax_hints`: Flax module hints, Linen / NNX glue;
 * :mod:`~spectral_optax._geometry.resolve`: :class:`GeometryMap`, which decides
   every leaf once;

@@ -65,7 +65,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jex_core
 
 from spectral_optax._geometry.types import Geometry, _leaves_with_paths, path_str
-from spectral_optax._geometry.walk import _param_view, _Tracer, _Use
+from spectral_optax._geometry.views import _param_view, _Use
+from spectral_optax._geometry.walk import _Tracer
 
 
 @dataclasses.dataclass
