@@ -711,14 +711,14 @@ def training_methods():
 
 
 def run_training(args):
-    """``--preset training``: each method's validation loss at its best LR (3-point factor-2 grid, 2 seeds,
-    mean over seeds) on the package GPT (``lab.gpt_family``, depth 4) after the same number of steps,
+    """``--preset training``: each method's validation loss at its best LR (3-point factor-2 grid, 2 seeds
+    or ``--seeds K``, mean over seeds) on the package GPT (``lab.gpt_family``, depth 4) after the same number of steps,
     and its difference to the standard quintic's."""
     from spectral_optax import lab
 
     quick = args.quick
     width, context, batch, steps = (32, 32, 8, 30) if quick else (64, 32, 8, 120)
-    seeds = [0] if quick else [0, 1]
+    seeds = list(range(args.seeds)) if getattr(args, "seeds", None) else ([0] if quick else [0, 1])
     data = lab.text(context=context, sequence=True)
     family = lab.gpt_family(data, width=width)
     only = [m.strip() for m in args.only.split(",")] if getattr(args, "only", None) else None
@@ -746,7 +746,8 @@ def run_training(args):
     for v in out.values():
         v["minus_quintic5"] = None if ref is None else v["val_loss_at_best"] - ref
         v["within_0.01"] = None if ref is None else v["val_loss_at_best"] - ref <= 0.01
-    payload = {"command": "python -m benchmarks.optimizer_speed --preset training" + (" --quick" if quick else ""),
+    payload = {"command": "python -m benchmarks.optimizer_speed --preset training" + (" --quick" if quick else "")
+               + (f" --seeds {args.seeds}" if getattr(args, "seeds", None) else ""),
                "environment": environment(), "depth": 4, "width": width, "context": context, "batch_size": batch,
                "steps": steps, "seeds": seeds, "methods": out}
     write_json(args.json, payload)
@@ -766,6 +767,7 @@ def main(argv=None):
         "methods: orthogonalization methods side by side (issue 22); training: a short GPT run per method",
     )
     p.add_argument("--only", default=None, help="methods / training presets: comma-separated method names")
+    p.add_argument("--seeds", type=int, default=None, help="training preset: seeds 0..K-1 (default 2, 1 with --quick)")
     args = p.parse_args(argv)
     if args.preset == "gpu":
         return main_gpu(args)
