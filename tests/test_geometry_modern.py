@@ -385,9 +385,9 @@ def test_moe_pod_plan_at_64_devices_compile_only():
     axis sharded over 64 devices), planned and compiled on abstract inputs: each expert one matrix in
     the plan (260 matrices of 128 x 256: 2 x 2 x 64 experts and the 4 shared-expert kernels; read with the
     expert axis in the fan-out they would be 4 matrices of 128 x 16384), the compiled flops within 5% of
-    the plan's, no device holding the expert stacks (temp below half their 33.5 MB; measured 8.8 MB), and
-    collectives bounded (measured 7.3 MB against the plan's predicted 1.2 MiB, mostly
-    collective-permutes of the regrouped batch: docs/lab_log.md, 2026-12-04)."""
+    the plan's, no device holding the expert stacks (temp below half their 33.5 MB; measured 8.5 MB), and
+    the experts orthogonalized where they are (collectives 1.1 MB, under the plan's predicted 1.2 MiB;
+    7.3 MB when the group was dealt by stack position: docs/lab_log.md, 2026-12-04)."""
     from tests.test_sharding import run_script
 
     out = run_script(
@@ -420,7 +420,7 @@ comm = sum(collective_bytes(compiled.as_text()).values())
 print("flops", flops, "plan", plan.flops_per_device, "temp", temp, "comm", comm, "plan bytes", plan.bytes_per_device)
 assert plan.flops_per_device <= flops <= 1.05 * plan.flops_per_device, (flops, plan.flops_per_device)
 assert temp < 0.5 * 2 * L * E * D * F * 4, temp
-assert comm < 8 * plan.bytes_per_device, (comm, plan.bytes_per_device)
+assert comm <= plan.bytes_per_device, (comm, plan.bytes_per_device)
 print("ok")
 """,
         devices=64,

@@ -7,7 +7,9 @@
 
 * whole matrices (``k = 1``) are constrained to ``P(owners)`` on the devices viewed as
   ``(N, 1)``, so XLA moves each to its owner and back; a group tiled over two mesh axes goes
-  by one all-to-all each way (:func:`_owned_from_tiles`);
+  by one all-to-all each way (:func:`_owned_from_tiles`); a group of stacks sharded on a batch
+  axis over every device (mixture-of-experts) is dealt where its matrices are
+  (:func:`~spectral_optax._distributed.resident.stage_resident`);
 * split matrices (``k > 1``) run under ``shard_map``, their columns cut over the ``k`` devices
   of an owner group and the short-side Gram matrix summed over them every step
   (:func:`~spectral_optax.newton_schulz` with ``axis_name``;
@@ -34,12 +36,13 @@ import numpy as np
 from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
-from spectral_optax._distributed.mesh import blocks_local, spec_axes
+from spectral_optax._distributed.mesh import blocks_local, context_mesh, mesh_order, spec_axes
 from spectral_optax._distributed.plan import columns_multiple
-from spectral_optax._duals.polar.policy import default_compute_dtype
+from spectral_optax._distributed.resident import resident_axes, stage_resident
+from spectral_optax._distributed.wide import from_wide, move_dtype, to_wide
 from spectral_optax._geometry import Geometry, from_matrix, to_matrix
 
-__all__ = ["from_wide", "run_plan", "to_wide"]
+__all__ = ["run_plan"]
 
 _GET_CONCRETE_MESH: Callable[[], Any] | None
 try:  # no public accessor in JAX 0.10 (see _concrete_mesh)
@@ -48,31 +51,6 @@ try:  # no public accessor in JAX 0.10 (see _concrete_mesh)
     _GET_CONCRETE_MESH = _jax_mesh.get_concrete_mesh
 except (ImportError, AttributeError):  # pragma: no cover  (tests/test_distributed_mesh.py fails on the supported JAX)
     _GET_CONCRETE_MESH = None
-
-
-def to_wide(x, g: Geometry, matrix: bool = False):
-    """The canonical view ``(num_slices, d_in, d_out)`` (``x`` itself if ``matrix``), transposed to ``m <= n``."""
-    m = x if matrix else to_matrix(x, g)
-    return jnp.swapaxes(m, 1, 2) if g.d_in > g.d_out else m
-
-
-def from_wide(block, g: Geometry, factor, dtype, join=None):
-    """``factor * block`` (wide; ``factor`` a number or an array) back in the leaf's shape and
-    dtype (by ``join`` when given)."""
-    block = (block.astype(jnp.promote_types(block.dtype, jnp.float32)) * factor).astype(dtype)
-    if join is not None:
-        return join(block)
-    if g.d_in > g.d_out:
-        block = jnp.swapaxes(block, 1, 2)
-    return from_matrix(block, g)
-
-
-def _move_dtype(dtype, compute_dtype, coefficients):
-    """Matrices travel in the iteration's dtype when it is narrower (bfloat16 on GPU/TPU)."""
-    if callable(coefficients):
-        return dtype
-    cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else jnp.dtype(default_compute_dtype())
-    return cdtype if cdtype.itemsize < jnp.dtype(dtype).itemsize else dtype
 
 
 def run_plan(
@@ -120,7 +98,7 @@ def run_plan(
         if pad_b or pad_n:
             stacked = jnp.pad(stacked, ((0, pad_b), (0, 0), (0, pad_n)))
         if tiles == _COLUMNS and gp.owners == 1:
-            ortho = _split_everywhere(stacked, orthogonalize, mesh, _mesh_order(mesh, axes))
+            ortho = _split_everywhere(stacked, orthogonalize, mesh, mesh_order(mesh, axes))
         elif tiles == _COLUMNS:
             ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, gp.split)
         elif tiles:
@@ -161,6 +139,10 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
         if tilings:  # 2-D tilings: to full columns and back by one all-to-all per tiling each way
             return _stage_columns(tilings, members, xs, scale_of, compute_dtype, coefficients, mesh, axes)
     tiles = _common_tiling(members, ss, axes) if gp.split == 1 and gp.packed_with is None and mesh is not None else None
+    if not tiles and gp.split == 1 and gp.packed_with is None and mesh is not None and len(units) == len(xs):
+        resident = resident_axes(members, ss, mesh, axes, devices)
+        if resident is not None:  # stacks sharded on a batch axis over every device: dealt where they are
+            return stage_resident(resident, members, xs, scale_of, compute_dtype, coefficients, devices)
     if tiles:  # a 2-D tiling, moved to the owners and back by one all-to-all each way
         unit_s = [None] * len(units)
     mats = [
@@ -174,7 +156,7 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
     else:
         flips = (False,) * len(mats)
     mats = [jnp.swapaxes(m, 1, 2) if f else m for m, f in zip(mats, flips)]
-    dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
+    dtype = move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
     stacked = jnp.concatenate([m.astype(dtype) for m in mats], axis=0) if len(mats) > 1 else mats[0].astype(dtype)
 
     def finish(ortho):
@@ -340,17 +322,10 @@ def _stacked(g: Geometry, count: int) -> Geometry:
     )
 
 
-def _context_mesh(mesh):
-    """The context mesh when one is set (inside :func:`~spectral_optax._distributed.mesh.keeping_specs`
-    its axes are ``Auto``), else ``mesh`` (the leaves' own), for ``shard_map``."""
-    context = jax.sharding.get_abstract_mesh()
-    return mesh if context.empty else context
-
-
 def _split_everywhere(stacked, orthogonalize, mesh, axes):
     """``stacked`` ``(B, m, n')`` orthogonalized with its columns cut over all ``axes`` of ``mesh``,
     under ``shard_map``."""
-    mesh = _context_mesh(mesh)
+    mesh = context_mesh(mesh)
     spec = P(None, None, tuple(axes))
     stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, spec))
     body = lambda block: orthogonalize(block, "standard", tuple(axes))
@@ -379,8 +354,8 @@ def _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles):
     one all-to-all over both axes deals ``B' / N`` matrices to every device (each receiving one
     tile of each from every device, reassembled locally), and one brings the tiles back. XLA's
     partitioner would go through a one-axis layout (two all-to-alls each way)."""
-    mesh = _context_mesh(mesh)
-    names = _mesh_order(mesh, axes)  # the all-to-all's device order
+    mesh = context_mesh(mesh)
+    names = mesh_order(mesh, axes)  # the all-to-all's device order
     sizes = dict(mesh.shape)
     r, c = sizes[tiles[0]], sizes[tiles[1]]
     rows_first = names[0] == tiles[0]
@@ -405,11 +380,6 @@ def _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles):
 _COLUMNS = "columns"
 
 
-def _mesh_order(mesh, axes) -> tuple[str, ...]:
-    """``axes`` in the order of ``mesh``'s axes (the devices' order over them)."""
-    return tuple(a for a in _context_mesh(mesh).axis_names if a in axes)
-
-
 def _wide_tilings(geoms, specs, axes):
     """Per matrix, ``(rows axis, columns axis)`` of its wide view when every one is a plain 2-D leaf
     tiled over the two mesh axes ``axes`` (FSDP x tensor parallel, either orientation); else ``None``."""
@@ -431,7 +401,7 @@ def _columns_of_tiles(block, mesh, tiling, names, back: bool = False):
     under ``shard_map`` (each tile's columns cut in one block per device of its row group); ``back``:
     the inverse. The columns come out permuted (device ``(r, c)`` holds block ``c R + r``), which the
     iteration does not see (``NS(G Q) = NS(G) Q``) and ``back`` undoes."""
-    mesh = _context_mesh(mesh)
+    mesh = context_mesh(mesh)
     rows, cols = tiling
     tiled, columns = P(None, rows, cols), P(None, None, names)
     barrier = jax.lax.optimization_barrier  # materialized, as in _split_in_groups
@@ -449,12 +419,12 @@ def _stage_columns(tilings, members, xs, scale_of, compute_dtype, coefficients, 
     moved by one all-to-all (:func:`_columns_of_tiles`) instead of XLA's partitioner, whose program
     goes through a one-axis layout leaf by leaf and grows as leaves x devices (docs/sharding.md,
     "2-D layouts"). ``(stacked, _COLUMNS, finish)`` as :func:`_stage`."""
-    names = _mesh_order(mesh, axes)
+    names = mesh_order(mesh, axes)
     classes: dict = {}
     for i, tiling in enumerate(tilings):
         classes.setdefault(tiling, []).append(i)
     mats = [to_wide(x, g) for x, (_, g) in zip(xs, members)]
-    dtype = _move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
+    dtype = move_dtype(jnp.result_type(*mats), compute_dtype, coefficients)
     parts = []
     for tiling, idx in classes.items():
         block = jnp.concatenate([mats[i] for i in idx], axis=0) if len(idx) > 1 else mats[idx[0]]
@@ -499,7 +469,7 @@ def _fused_local(g: Geometry, mesh, axes, devices: int):
         return dataclasses.replace(g, shape=b.shape)
 
     def cut(x):
-        m = _context_mesh(mesh)
+        m = context_mesh(mesh)
         x = jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(m, leaf_spec))
         # materialized (optimization_barrier): XLA's CPU backend otherwise gives the all-to-all to the
         # owners operands of different layouts and fails its own verifier (GPT-2 XL on 64 devices)
@@ -507,7 +477,7 @@ def _fused_local(g: Geometry, mesh, axes, devices: int):
         return jax.shard_map(body, mesh=m, in_specs=leaf_spec, out_specs=wide_spec)(x)
 
     def join(block):
-        m = _context_mesh(mesh)
+        m = context_mesh(mesh)
         shape = list(g.shape)
         shape[axis] //= devices
         gl = dataclasses.replace(g, shape=tuple(shape))

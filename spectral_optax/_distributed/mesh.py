@@ -305,3 +305,15 @@ def _is_tree(value) -> bool:
 def mesh_size(mesh, axes: Sequence[str]) -> int:
     shape = dict(mesh.shape)
     return int(math.prod(shape[a] for a in axes))
+
+
+def context_mesh(mesh):
+    """The context mesh when one is set (inside :func:`~spectral_optax._distributed.mesh.keeping_specs`
+    its axes are ``Auto``), else ``mesh`` (the leaves' own), for ``shard_map``."""
+    context = jax.sharding.get_abstract_mesh()
+    return mesh if context.empty else context
+
+
+def mesh_order(mesh, axes) -> tuple[str, ...]:
+    """``axes`` in the order of ``mesh``'s axes (the devices' order over them)."""
+    return tuple(a for a in context_mesh(mesh).axis_names if a in axes)

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from spectral_optax._distributed.execute import from_wide, run_plan, to_wide
+from spectral_optax._distributed.execute import run_plan
 from spectral_optax._distributed.mesh import (
     AxisName,
     aval_mesh,
@@ -50,6 +50,7 @@ from spectral_optax._distributed.mesh import (
     mesh_size,
 )
 from spectral_optax._distributed.plan import OrthogonalizationPlan, default_flops_per_byte, pack_groups, plan_group
+from spectral_optax._distributed.wide import from_wide, to_wide
 from spectral_optax._duals.polar import (
     PRECONDITIONINGS,
     Coefficients,
