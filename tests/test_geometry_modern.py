@@ -153,7 +153,7 @@ def vit_truth():
         "embedding/kernel": t(M, (0, 1, 2), (3,)),  # (p, p, 3, D) patch conv
         "embedding/bias": t(V, (), (0,)),
         "cls": t(V, (), (2,), (0, 1)),  # (1, 1, D) tiled and concatenated: a constant input of width 1
-        "pos_embedding": t(E, (0, 1), (2,)),  # (1, N, D) added at every position: a table (name rule)
+        "pos_embedding": t(E, (1,), (2,), (0,)),  # (1, N, D) added at every position: a table of tokens
         "encoder_norm/scale": t(V, (), (0,)),
         "encoder_norm/bias": t(V, (), (0,)),
         "head/kernel": t(M, (0,), (1,), role="output"),
@@ -426,3 +426,29 @@ print("ok")
         devices=64,
     )
     assert "ok" in out, out
+
+
+@pytest.mark.parametrize("name", ["wpe", "learned_positions"])
+def test_position_table_added_to_the_activations_is_an_embedding(name):
+    """A learned position table ``(T, D)`` added to the token embeddings (GPT-2's ``wpe`` written as
+    ``self.param`` + add; ViT's ``(1, N, D)`` table the same way): fed the one-hot position, so an
+    embedding with input width T (docs/math.md), decided by the trace under any name (a neutral
+    name used to fall to the name rule, which read it as a matrix)."""
+    import flax.linen as nn
+
+    class Decoder(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            x = nn.Embed(64, 32, name="wte")(tokens)
+            pos = self.param(name, nn.initializers.normal(0.02), (16, 32))
+            vit = self.param("tokens_pos", nn.initializers.normal(0.02), (1, 16, 32))
+            x = x + pos[None, : tokens.shape[1]] + vit
+            x = nn.Dense(32, name="fc")(x)
+            return nn.Dense(64, name="head")(x)
+
+    gmap = so.GeometryMap.from_linen(Decoder(), jnp.zeros((2, 16), jnp.int32))
+    got = {p: gmap.resolve([p], [s])[0] for p, s in ((name, (16, 32)), ("tokens_pos", (1, 16, 32)))}
+    for path, g in got.items():
+        assert (g.kind, g.role, g.d_in, g.d_out) == ("embedding", "hidden", 16, 32), (path, g)
+    fc = gmap.resolve(["fc/kernel"], [(32, 32)])[0]
+    assert (fc.kind, fc.d_in, fc.d_out) == ("matrix", 32, 32), fc

@@ -17,6 +17,7 @@ into decisions.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -262,6 +263,12 @@ class _Tracer:
             if any(v in self.act for v in others):
                 every = {d: "out" for d in range(len(view.dims))}
                 partner = next((self.prods[v] for v in others if v in self.prods), None)
+                table = sum(n > 1 for n in self.shapes[view.p]) >= 2
+                spread = any(  # a dimension of size 1 the op broadcasts over the activations' (batch)
+                    math.prod(pc[2] for pc in d) == 1 and int(n) > 1 for d, n in zip(view.dims, out_shape)
+                )
+                if partner is None and table and spread and len(view.dims) == len(out_shape):
+                    return self.token(view, outs[0])  # a position table added to the activations
                 if partner is not None and len(partner.dims) == len(view.dims):
                     # A bias on a product's output: its axes over the product's batch dims (ConvLocal's
                     # positions, per-expert outputs) are batch axes too.
