@@ -55,6 +55,18 @@ def environment() -> dict:
     }
 
 
+def data_fingerprint(data) -> str:
+    """The first 12 hex digits of the MD5 of a lab dataset's arrays (train, then validation): two machines
+    whose fingerprints differ trained on different data (the bundled text ships with Python and changes
+    between Python releases)."""
+    import hashlib
+
+    h = hashlib.md5()
+    for a in (*data.train, *data.val):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:12]
+
+
 def loglog_slope(xs, ys) -> float:
     """Least-squares slope of log(y) vs log(x) (nan if any y <= 0 or non-finite)."""
     xs, ys = np.asarray(xs, float), np.asarray(ys, float)
@@ -111,7 +123,7 @@ def time_update_steps(optimizers: dict, params, grads, reps: int, extra: dict | 
     names = list(fns)
     times = {n: [] for n in names}
     for r in range(reps):
-        for n in names[r % len(names):] + names[: r % len(names)]:
+        for n in names[r % len(names) :] + names[: r % len(names)]:
             t0 = time.perf_counter()
             jax.block_until_ready(fns[n]())
             times[n].append(time.perf_counter() - t0)

@@ -1,31 +1,41 @@
 """Tune once, train bigger, longer and at a larger batch: the transfer recipe, judged by regret.
 
-Tune the peak LR on a proxy (the quickstart's byte-level MLP: width 64,
-``T0`` steps, batch ``B0``), transfer it with :mod:`spectral_optax.transfer`
-to a target (wider, longer, larger batch) and train the target over its own
-LR grid, centred on the transferred LR. Printed per optimizer: the account
-of the factors, and the target's **regret** (:func:`spectral_optax.lab.regret`:
-its loss at the transferred LR minus the best loss of its own sweep, in nats
-and in grid steps) for the full recipe, with each rule switched off in turn,
-and for the naive transfer (the proxy's LR unchanged). Width is transferred
-by the parametrization (``mup_adamw``, ``muon``); SP AdamW (``optax.adamw``,
-Flax init) is the control. The MLP has one hidden layer, so depth is not
-varied here.
+Tune the peak LR on a proxy, transfer it with :mod:`spectral_optax.transfer`
+to a target (wider, longer, larger batch; for the GPT also deeper) and train
+the target over its own LR grid, centred on the transferred LR. Printed per
+optimizer: the account of the factors, and the target's **regret**
+(:func:`spectral_optax.lab.regret`: its loss at the transferred LR minus the
+best loss of its own sweep, in nats and in grid steps) for the full recipe,
+with each rule switched off in turn, and for the naive transfer (the proxy's
+LR unchanged). Width is transferred by the parametrization (``mup_adamw``,
+``muon``) and depth by the residual branch multiplier ``2 / K``
+(:func:`spectral_optax.lab.gpt_family`); SP AdamW (``optax.adamw``, Flax
+init) is the control.
+
+``--model mlp`` (default): the quickstart's byte-level MLP (one hidden layer,
+context 8), depth not varied. ``--model gpt``: the package's GPT
+(:class:`spectral_optax.nn.linen.Transformer`) on byte sequences.
 
 ``--study horizon``: the horizon rule alone. The proxy at ``T0``, targets at
 ``4 T0`` and ``16 T0`` (same width and batch); per seed, the best LR at each
 horizon and the fitted exponent ``a`` in ``eta* ~ T^-a`` next to the
 published 0.32; the regret of the rule and of the naive transfer.
 ``--study batch``: the batch rule alone, ``B0 -> 4 B0, 16 B0`` at equal tokens
-(fewer steps) and at equal steps (the horizon rule then applies too).
+(fewer steps). ``--study wd``: the weight-decay timescale rule alone. At the
+proxy (``T0`` steps) the LR is tuned without decay, then ``lambda`` over a
+grid of timescales ``tau = 1 / (eta lambda)`` at that LR; at ``4 T0`` and
+``16 T0`` (LR by the horizon rule) ``lambda`` is swept again, and the rule's
+``lambda' = lambda eta T / (eta' T')`` and the naive ``lambda`` (unchanged)
+are judged by regret in ``lambda``-grid steps, beside the loss without decay
+(does weight decay matter at that horizon?) and the fitted exponent
+``c`` in ``lambda* ~ T^-c`` (the rule's is ``1 - a = 0.68``).
 
-    python -m benchmarks.recipe [--quick] [--study recipe|horizon|batch] [--seeds K]
-        [--optimizers a,b] [--json PATH] [--out DIR]
+    python -m benchmarks.recipe [--quick] [--model mlp|gpt] [--study recipe|horizon|batch|wd]
+        [--seeds K] [--optimizers a,b] [--json PATH] [--out DIR]
 
 Runs are appended to ``OUT/recipe.jsonl`` (an interrupted run resumes).
-Weight decay stays at the optimizers' defaults here (``1e-4`` for the AdamW
-routes: a timescale ``1 / (eta lambda)`` far longer than these runs), so the
-weight-decay rule is printed but not measured.
+Outside ``--study wd`` weight decay stays at the optimizers' defaults
+(``1e-4`` for SP AdamW on the MLP: a timescale far longer than these runs).
 """
 
 from __future__ import annotations
@@ -43,69 +53,157 @@ from benchmarks.width_transfer import MUP_EMBEDDING_LR_SCALE
 from spectral_optax import lab
 from spectral_optax import transfer as st
 
-PRESETS = {
-    # proxy and target: width, steps, batch; LR-grid points (x2); seeds
-    "quick": {"proxy": (64, 150, 32), "target": (256, 600, 64), "num_lrs": 7, "seeds": 2},
-    "default": {"proxy": (64, 150, 32), "target": (512, 1200, 128), "num_lrs": 7, "seeds": 2},
+#: Per model: presets of the recipe (proxy and targets as (width, depth, steps, batch); LR-grid points (x2);
+#: seeds), the single-rule studies, and the proxy's LR-grid centres.
+MODELS = {
+    "mlp": {
+        "presets": {
+            "quick": {
+                "proxy": (64, 1, 150, 32),
+                "targets": {"4 T0, 2 B0": (256, 1, 600, 64)},
+                "num_lrs": 7,
+                "seeds": 2,
+            },
+            "default": {
+                "proxy": (64, 1, 150, 32),
+                "targets": {"8 T0, 4 B0": (512, 1, 1200, 128), "16 T0, 2 B0": (512, 1, 2400, 64)},
+                "num_lrs": 7,
+                "seeds": 2,
+            },
+        },
+        "studies": {
+            "horizon": {
+                "width": 128,
+                "depth": 1,
+                "steps": 150,
+                "batch": 32,
+                "multiples": (4, 16),
+                "num_lrs": 7,
+                "seeds": 2,
+            },
+            "batch": {
+                "width": 128,
+                "depth": 1,
+                "steps": 600,
+                "batch": 8,
+                "multiples": (4, 16),
+                "num_lrs": 7,
+                "seeds": 2,
+            },
+            "wd": {"width": 128, "depth": 1, "steps": 600, "batch": 32, "multiples": (4, 16), "num_lrs": 7, "seeds": 2},
+        },
+        # best LRs of the quickstart at width 64, 150 steps, batch 32
+        "centers": {"mup_adamw": 0.008, "muon": 0.03, "adamw_sp": 6e-3},
+    },
+    "gpt": {
+        "presets": {
+            "quick": {"proxy": (32, 2, 80, 8), "targets": {"4 T0, 2 B0": (64, 2, 320, 16)}, "num_lrs": 6, "seeds": 2},
+            "default": {
+                "proxy": (32, 2, 80, 8),
+                "targets": {"8 T0, 2 B0, 4x width, 2x depth": (128, 4, 640, 16)},
+                "num_lrs": 6,
+                "seeds": 2,
+            },
+        },
+        "studies": {
+            "horizon": {
+                "width": 64,
+                "depth": 2,
+                "steps": 80,
+                "batch": 8,
+                "multiples": (4, 16),
+                "num_lrs": 6,
+                "seeds": 2,
+            },
+            "batch": {"width": 64, "depth": 2, "steps": 320, "batch": 4, "multiples": (4,), "num_lrs": 6, "seeds": 2},
+            "wd": {"width": 64, "depth": 2, "steps": 160, "batch": 8, "multiples": (4,), "num_lrs": 6, "seeds": 2},
+        },
+        # gpt_width's centres at width 32 (SP AdamW's best LR is higher at width 32 than at 128)
+        "centers": {"mup_adamw": 0.016, "muon": 0.064, "adamw_sp": 0.016},
+    },
 }
-STUDIES = {
-    "horizon": {"width": 128, "steps": 150, "batch": 32, "multiples": (4, 16), "num_lrs": 7, "seeds": 2},
-    "batch": {"width": 128, "steps": 600, "batch": 8, "multiples": (4, 16), "num_lrs": 7, "seeds": 2},
-}
-#: Proxy grid centres (best LRs of the quickstart at width 64, 150 steps, batch 32).
-CENTERS = {"mup_adamw": 0.008, "muon": 0.03, "adamw_sp": 6e-3}
+#: The GPT's context (tokens per sequence) and the MLP's (bytes per example).
+CONTEXT = {"mlp": 8, "gpt": 32}
+#: ``--study wd``: the ``lambda`` grid is centred on the timescale ``tau = T0 / 4`` at the proxy's LR
+#: (``lambda = 4 / (eta T0)``) and spans ``tau / T0`` from 1/32 to 2 in factor-2 steps.
+WD_TAU_FRACTION = 0.25
+WD_POINTS = 7
 
 
-def optimizers(family_for, base_width):
-    """name -> (init, factory(lr, width))."""
+def optimizers(model, family_for, base_width, weight_decay=None):
+    """name -> (init, factory(lr, width)); ``weight_decay``: a traced decay (``--study wd``) or ``None``
+    (the optimizers' defaults)."""
     base = family_for("spectral")(base_width).shapes()
+    wd = {} if weight_decay is None else {"weight_decay": weight_decay}
+    sp_wd = weight_decay if weight_decay is not None else (1e-4 if model == "mlp" else 0.0)
+    emb = MUP_EMBEDDING_LR_SCALE if model == "mlp" else 1.0
 
     def mup_adamw(lr, n):
-        return optax.chain(so.mup_adamw(lr, base=base), so.route_lr_scale(embedding=MUP_EMBEDDING_LR_SCALE))
+        tx = so.mup_adamw(lr, base=base, **({"weight_decay": 0.0} | wd))
+        return tx if emb == 1 else optax.chain(tx, so.route_lr_scale(embedding=emb))
 
     return {
         "mup_adamw": ("spectral", mup_adamw),
-        "muon": ("spectral", lambda lr, n: so.muon(lr, compute_dtype=jnp.float32)),
-        "adamw_sp": ("standard", lambda lr, n: optax.adamw(lr, weight_decay=1e-4)),
+        "muon": ("spectral", lambda lr, n: so.muon(lr, compute_dtype=jnp.float32, **wd)),
+        "adamw_sp": ("standard", lambda lr, n: optax.adamw(lr, weight_decay=sp_wd)),
     }
 
 
-def _grid_around(lr, num):
-    return lab.lr_grid(lr, num)
+def _on(grid, lr):
+    return any(abs(lr - g) <= 1e-6 * g for g in grid)
 
 
 def per_seed_best(runs, grid):
     """seed -> refined best LR over ``grid`` (train loss)."""
     out = {}
     for seed in sorted({r["seed"] for r in runs}):
-        rs = [r for r in runs if r["seed"] == seed and any(abs(r["lr"] - g) <= 1e-6 * g for g in grid)]
+        rs = [r for r in runs if r["seed"] == seed and _on(grid, r["lr"])]
         out[seed] = lab.summarize(rs)["best_lr"][rs[0]["size"]]
     return out
 
 
+def _curve(runs, values, metric="train_loss"):
+    return {
+        g: float(np.mean([r[metric] if r[metric] is not None else np.inf for r in runs if _on([g], r["lr"])]))
+        for g in sorted(values)
+    }
+
+
 class Lab:
     def __init__(self, args, seeds, num_lrs):
-        self.data = lab.load("text", context=8, flatten=True)
+        self.model = args.model
+        ctx = CONTEXT[args.model]
+        self.data = (
+            lab.load("text", context=ctx, flatten=True)
+            if args.model == "mlp"
+            else lab.load("text", context=ctx, sequence=True)
+        )
+        self.sequence_length = 1 if args.model == "mlp" else ctx
         self.seeds, self.num_lrs, self.progress = seeds, num_lrs, not args.no_progress
         self.results = os.path.join(args.out, "recipe.jsonl")
 
-    def family_for(self, init):
-        return lab.mlp_family(self.data, vary="width", depth=1, init=init)
+    def scale(self, width, depth, steps, batch):
+        return st.Scale(width=width, depth=depth, steps=steps, batch_size=batch, sequence_length=self.sequence_length)
 
-    def sweep(self, name, init, factory, width, lrs, steps, batch):
+    def family_for(self, init, depth=1):
+        if self.model == "mlp":
+            return lab.mlp_family(self.data, vary="width", depth=1, init=init)
+        return lab.gpt_family(self.data, vary="width", depth=depth, init=init)
+
+    def sweep(self, name, init, factory, scale, lrs, tag="recipe"):
         with jax_highest():
             res = lab.sweep(
-                self.family_for(init),
+                self.family_for(init, scale.depth),
                 factory,
-                [width],
+                [scale.width],
                 lrs,
                 self.data,
-                steps=steps,
-                batch_size=batch,
+                steps=scale.steps,
+                batch_size=scale.batch_size,
                 seeds=self.seeds,
                 results=self.results,
-                name=name,
-                tag="recipe",
+                name=name if scale.depth in (1, 2) else f"{name}/K{scale.depth}",
+                tag=tag,
                 size_name="width",
                 progress=self.progress,
             )
@@ -116,7 +214,7 @@ class Lab:
 
         Returns ``{'proxy_lr', 'proxy_best': {seed: lr}, 'targets': {label: {...}}}``."""
         grid0 = lab.lr_grid(center, self.num_lrs)
-        runs0 = self.sweep(name, init, factory, proxy.width, grid0, proxy.steps, proxy.batch_size)
+        runs0 = self.sweep(name, init, factory, proxy, grid0)
         s0 = lab.summarize(runs0)
         lr0 = s0["best_lr"][proxy.width]
         out = {"proxy_lr": lr0, "proxy_best": per_seed_best(runs0, grid0), "proxy_edge": bool(s0["at_edge"])}
@@ -124,30 +222,70 @@ class Lab:
         for label, target in targets.items():
             ts = {v: st.transfer({"learning_rate": lr0}, proxy, target, rules=r) for v, r in variants.items()}
             first = next(iter(ts))
-            grid = _grid_around(ts[first]["learning_rate"], self.num_lrs)
-            extra = [
-                t["learning_rate"] for t in ts.values() if all(abs(t["learning_rate"] - g) > 1e-6 * g for g in grid)
-            ]
-            runs = self.sweep(name, init, factory, target.width, grid + extra, target.steps, target.batch_size)
+            grid = lab.lr_grid(ts[first]["learning_rate"], self.num_lrs)
+            extra = [t["learning_rate"] for t in ts.values() if not _on(grid, t["learning_rate"])]
+            runs = self.sweep(name, init, factory, target, grid + extra)
             reg = {v: lab.regret(runs, t["learning_rate"], grid=grid, reference="all") for v, t in ts.items()}
             out["targets"][label] = {
                 "scale": target,
                 "transfer": ts,
                 "regret": reg,
                 "best": per_seed_best(runs, grid),
-                "edge": lab.summarize([r for r in runs if any(abs(r["lr"] - g) <= 1e-6 * g for g in grid)])["at_edge"],
-                "curve": {
-                    g: float(
-                        np.mean(
-                            [
-                                r["train_loss"] if r["train_loss"] is not None else np.inf
-                                for r in runs
-                                if abs(r["lr"] - g) <= 1e-6 * g
-                            ]
-                        )
-                    )
-                    for g in sorted(grid + extra)
-                },
+                "edge": lab.summarize([r for r in runs if _on(grid, r["lr"])])["at_edge"],
+                "curve": _curve(runs, grid + extra),
+            }
+        return out
+
+    def weight_decay_study(self, name, init, proxy, targets, center):
+        """The proxy's LR (no decay), its best ``lambda`` on a timescale grid, and per target (LR by the
+        horizon rule) the regret of the rule's and the naive ``lambda`` on the target's own ``lambda`` sweep,
+        and the loss without decay."""
+
+        def family(init):
+            return self.family_for(init, proxy.depth)
+
+        def decayed(lr):
+            return lambda lam, n: optimizers(self.model, family, proxy.width, weight_decay=lam)[name][1](lr, n)
+
+        no_decay = optimizers(self.model, family, proxy.width, weight_decay=0.0)[name][1]
+        grid0 = lab.lr_grid(center, self.num_lrs)
+        runs0 = self.sweep(name, init, no_decay, proxy, grid0, tag="recipe-wd")
+        lr0 = lab.summarize(runs0)["best_lr"][proxy.width]
+        lam_c = 1.0 / (WD_TAU_FRACTION * lr0 * proxy.steps)
+        wgrid0 = lab.lr_grid(lam_c, WD_POINTS)
+        wruns0 = self.sweep(name, init, decayed(lr0), proxy, wgrid0, tag=f"recipe-wd@{lr0:.6g}")
+        lam0 = lab.summarize(wruns0)["best_lr"][proxy.width]
+        out = {
+            "proxy_lr": lr0,
+            "proxy_lambda": lam0,
+            "proxy_best": per_seed_best(wruns0, wgrid0),
+            "proxy_curve": _curve(wruns0, wgrid0),
+            "targets": {},
+        }
+        for label, target in targets.items():
+            full = st.transfer({"learning_rate": lr0, "weight_decay": lam0}, proxy, target)
+            lr1 = full["learning_rate"]
+            cand = {"timescale rule": full["weight_decay"], "naive": lam0}
+            grid = lab.lr_grid(cand["timescale rule"], WD_POINTS)
+            extra = [v for v in cand.values() if not _on(grid, v)]
+            tag = f"recipe-wd@{lr1:.6g}"
+            runs = self.sweep(name, init, decayed(lr1), target, grid + extra, tag=tag)
+            zero = self.sweep(name, init, decayed(lr1), target, [0.0], tag=tag)
+            reg = {v: lab.regret(runs, lam, grid=grid, reference="all") for v, lam in cand.items()}
+            best = min(_curve(runs, grid).values())
+            out["targets"][label] = {
+                "scale": target,
+                "learning_rate": lr1,
+                "transfer": full,
+                "lambda": cand,
+                "regret": reg,
+                "best": per_seed_best(runs, grid),
+                "edge": lab.summarize([r for r in runs if _on(grid, r["lr"])])["at_edge"],
+                "curve": _curve(runs, grid + extra),
+                "no_decay_loss": float(np.mean([r["train_loss"] for r in zero])),
+                "decay_gain": float(np.mean([r["train_loss"] for r in zero])) - best,
+                "val_curve": _curve(runs, grid + extra, "val_loss"),
+                "no_decay_val": float(np.mean([r["val_loss"] for r in zero])),
             }
         return out
 
@@ -162,15 +300,16 @@ def _fmt_regret(r):
     return f"{r['regret']:+.4f} nats {r['regret_steps']:+.2f} st" + (" (interp.)" if r["interpolated"] else "")
 
 
-def fitted_exponents(res, axis):
-    """Per seed (and for the seed mean): ``-slope`` of log best LR vs log(axis value)."""
+def fitted_exponents(res, axis, best_key="best", proxy_key="proxy_best"):
+    """Per seed (and for the seed mean): ``-slope`` of log best value vs log(axis value)."""
     xs = [getattr(res["proxy_scale"], axis)] + [getattr(t["scale"], axis) for t in res["targets"].values()]
-    seeds = sorted(res["proxy_best"])
+    seeds = sorted(res[proxy_key])
     per_seed = {}
     for s in seeds:
-        ys = [res["proxy_best"][s]] + [t["best"][s] for t in res["targets"].values()]
+        ys = [res[proxy_key][s]] + [t[best_key][s] for t in res["targets"].values()]
         per_seed[s] = _common.loglog_slope(xs, ys)
-    mean = [res["proxy_lr"]] + [t["regret"][next(iter(t["regret"]))]["best_lr"] for t in res["targets"].values()]
+    proxy_mean = res["proxy_lambda"] if "proxy_lambda" in res else res["proxy_lr"]
+    mean = [proxy_mean] + [t["regret"][next(iter(t["regret"]))]["best_lr"] for t in res["targets"].values()]
     return {"per_seed": per_seed, "mean": _common.loglog_slope(xs, mean)}
 
 
@@ -198,68 +337,98 @@ def report(name, res, variants):
             )
 
 
+def report_wd(name, res):
+    print(
+        f"\n{name}: proxy LR {res['proxy_lr']:.4g} (no decay), best lambda {res['proxy_lambda']:.4g} (per seed "
+        + ", ".join(f"{v:.4g}" for v in res["proxy_best"].values())
+        + f"; tau = 1/(eta lambda) = {1 / (res['proxy_lr'] * res['proxy_lambda']):.0f} steps"
+        + f" of {res['proxy_scale'].steps})"
+    )
+    for label, t in res["targets"].items():
+        r0 = t["regret"]["timescale rule"]
+        print(
+            f"  target {label} (LR {t['learning_rate']:.4g} by the horizon rule): best lambda {r0['best_lr']:.4g} "
+            f"(per seed " + ", ".join(f"{v:.4g}" for v in t["best"].values()) + f"), best loss {r0['best_loss']:.4f}"
+            f"; without decay {t['no_decay_loss']:.4f} (decay gains {t['decay_gain']:+.4f} nats; val: best "
+            f"{min(t['val_curve'].values()):.4f}, without decay {t['no_decay_val']:.4f})"
+            + ("  AT GRID EDGE" if t["edge"] else "")
+        )
+        for v, r in t["regret"].items():
+            print(
+                f"    {v:14s} lambda {r['lr']:.4g}  loss {r['loss']:.4f}  regret {_fmt_regret(r)}  per seed "
+                + " ".join(f"{x:+.4f}" for x in r["per_seed"].values())
+            )
+
+
 def main(argv=None):
     p = _common.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--study", default="recipe", choices=("recipe", "horizon", "batch"))
-    p.add_argument("--preset", default=None, choices=sorted(PRESETS))
+    p.add_argument("--model", default="mlp", choices=sorted(MODELS))
+    p.add_argument("--study", default="recipe", choices=("recipe", "horizon", "batch", "wd"))
+    p.add_argument("--preset", default=None, choices=("quick", "default"))
     p.add_argument("--optimizers", default=None, help="comma-separated subset of mup_adamw,muon,adamw_sp")
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     preset = args.preset or ("quick" if args.quick else "default")
-    cfg = STUDIES[args.study] if args.study != "recipe" else PRESETS[preset]
+    spec = MODELS[args.model]
+    cfg = spec["studies"][args.study] if args.study != "recipe" else spec["presets"][preset]
     seeds = list(range(args.seeds or cfg["seeds"]))
     L = Lab(args, seeds, cfg["num_lrs"])
 
     if args.study == "recipe":
-        (w0, t0, b0), (w1, t1, b1) = cfg["proxy"], cfg["target"]
-        proxy, targets = (
-            st.Scale(width=w0, steps=t0, batch_size=b0),
-            {"target": st.Scale(width=w1, steps=t1, batch_size=b1)},
-        )
+        proxy = L.scale(*cfg["proxy"])
+        targets = {k: L.scale(*v) for k, v in cfg["targets"].items()}
         variants = {"full recipe": None, "no horizon": {"horizon": None}, "no batch": {"batch": None}, "naive": []}
         axis = None
-    elif args.study == "horizon":
-        proxy = st.Scale(width=cfg["width"], steps=cfg["steps"], batch_size=cfg["batch"])
-        targets = {
-            f"{k} T0": st.Scale(width=cfg["width"], steps=k * cfg["steps"], batch_size=cfg["batch"])
-            for k in cfg["multiples"]
-        }
-        variants = {"horizon rule": [st.horizon()], "naive": []}
-        axis = "steps"
     else:
-        proxy = st.Scale(width=cfg["width"], steps=cfg["steps"], batch_size=cfg["batch"])
-        targets = {}
-        for k in cfg["multiples"]:
-            targets[f"{k} B0, equal tokens"] = st.Scale(
-                width=cfg["width"], steps=cfg["steps"] // k, batch_size=k * cfg["batch"]
-            )
-        variants = {"batch rule": [st.batch()], "naive": []}
-        axis = "batch_size"
+        proxy = L.scale(cfg["width"], cfg["depth"], cfg["steps"], cfg["batch"])
+        if args.study == "batch":
+            targets = {
+                f"{k} B0, equal tokens": L.scale(cfg["width"], cfg["depth"], cfg["steps"] // k, k * cfg["batch"])
+                for k in cfg["multiples"]
+            }
+            variants, axis = {"batch rule": [st.batch()], "naive": []}, "batch_size"
+        else:
+            targets = {
+                f"{k} T0": L.scale(cfg["width"], cfg["depth"], k * cfg["steps"], cfg["batch"]) for k in cfg["multiples"]
+            }
+            variants, axis = {"horizon rule": [st.horizon()], "naive": []}, "steps"
 
-    specs = optimizers(L.family_for, proxy.width)
+    specs = optimizers(args.model, lambda init: L.family_for(init, proxy.depth), proxy.width)
     if args.optimizers:
         specs = {k: v for k, v in specs.items() if k in args.optimizers.split(",")}
-    what = args.study + (f", {preset}" if args.study == "recipe" else "")
+    what = f"{args.model}, {args.study}" + (f", {preset}" if args.study == "recipe" else "")
     print(f"recipe ({what}): proxy {proxy}, targets {list(targets.values())}")
     print(f"  {cfg['num_lrs']} LRs (x2), seeds {seeds}")
     t_start = time.time()
     results = {}
     for name, (init, factory) in specs.items():
         t = time.time()
-        res = L.transfer_study(name, init, factory, proxy, targets, variants, CENTERS[name])
-        res["proxy_scale"] = proxy
-        results[name] = res
-        report(name, res, variants)
-        if axis is not None:
-            fx = fitted_exponents(res, axis)
+        if args.study == "wd":
+            res = L.weight_decay_study(name, init, proxy, targets, spec["centers"][name])
+            res["proxy_scale"] = proxy
+            report_wd(name, res)
+            fx = fitted_exponents(res, "steps")
             res["exponent"] = fx
-            pub = st.HORIZON_EXPONENT if axis == "steps" else -st.BATCH_EXPONENT
             print(
-                f"  fitted exponent a (eta* ~ {axis}^-a): seed mean {-fx['mean']:.3f}, per seed "
+                f"  fitted exponent c (lambda* ~ T^-c): seed mean {-fx['mean']:.3f}, per seed "
                 + ", ".join(f"{-x:.3f}" for x in fx["per_seed"].values())
-                + f"  (published {pub:g})"
+                + f"  (the rule's, with the published horizon exponent: {1 - st.HORIZON_EXPONENT:g})"
             )
+        else:
+            res = L.transfer_study(name, init, factory, proxy, targets, variants, spec["centers"][name])
+            res["proxy_scale"] = proxy
+            report(name, res, variants)
+            if axis is not None:
+                fx = fitted_exponents(res, axis)
+                res["exponent"] = fx
+                pub = st.HORIZON_EXPONENT if axis == "steps" else -st.BATCH_EXPONENT
+                print(
+                    f"  fitted exponent a (eta* ~ {axis}^-a): seed mean {-fx['mean']:.3f}, per seed "
+                    + ", ".join(f"{-x:.3f}" for x in fx["per_seed"].values())
+                    + f"  (published {pub:g})"
+                )
+        results[name] = res
         print(f"  ({time.time() - t:.0f} s)", flush=True)
     elapsed = time.time() - t_start
 
@@ -267,29 +436,29 @@ def main(argv=None):
     for name, res in results.items():
         for label, t in res["targets"].items():
             print(
-                f"  {name:10s} {label:22s} "
-                + "  ".join(
-                    f"{v}: {t['regret'][v]['regret']:+.4f} ({t['regret'][v]['regret_steps']:+.2f})" for v in variants
-                )
+                f"  {name:10s} {label:34s} "
+                + "  ".join(f"{v}: {r['regret']:+.4f} ({r['regret_steps']:+.2f})" for v, r in t["regret"].items())
+                + (f"  [decay gains {t['decay_gain']:+.4f}]" if "decay_gain" in t else "")
             )
     print(f"({elapsed:.0f} s)")
-    fig = os.path.join(args.out, f"recipe_{args.study}.png")
-    plot(results, variants, fig)
+    suffix = "" if args.model == "mlp" else "_gpt"
+    fig = os.path.join(args.out, f"recipe_{args.study}{suffix}.png")
+    plot(results, fig, "weight decay lambda" if args.study == "wd" else "peak LR")
     print(f"figure: {fig}")
     _common.write_json(
         args.json,
         {
             "benchmark": "recipe",
+            "model": args.model,
             "study": args.study,
             "preset": preset,
             "seeds": seeds,
             "results": {
                 n: {
-                    "proxy_lr": r["proxy_lr"],
-                    "proxy_best": r["proxy_best"],
-                    "exponent": r.get("exponent"),
+                    **{k: r[k] for k in ("proxy_lr", "proxy_best", "proxy_lambda", "exponent") if k in r},
                     "targets": {
-                        k: {"scale": vars(t["scale"]), "regret": t["regret"], "best": t["best"], "curve": t["curve"]}
+                        k: {"scale": vars(t["scale"])}
+                        | {f: t[f] for f in ("regret", "best", "curve", "decay_gain", "no_decay_loss") if f in t}
                         for k, t in r["targets"].items()
                     },
                 }
@@ -302,7 +471,7 @@ def main(argv=None):
     return results
 
 
-def plot(results, variants, path):
+def plot(results, path, xlabel):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -311,18 +480,20 @@ def plot(results, variants, path):
     fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.6), squeeze=False)
     for ax, (name, res) in zip(axes[0], results.items()):
         for label, t in res["targets"].items():
-            lrs = sorted(t["curve"])
-            (line,) = ax.plot(lrs, [t["curve"][g] for g in lrs], "-", alpha=0.6, label=label)
-            for v, marker in zip(variants, "o^sDv"):
-                r = t["regret"][v]
+            xs = sorted(t["curve"])
+            (line,) = ax.plot(xs, [t["curve"][g] for g in xs], "-", alpha=0.6, label=label)
+            for (v, r), marker in zip(t["regret"].items(), "o^sDv"):
                 ax.plot(
                     r["lr"], r["loss"], marker, color=line.get_color(), mfc="none" if v == "naive" else line.get_color()
                 )
+            if "no_decay_loss" in t:
+                ax.axhline(t["no_decay_loss"], color=line.get_color(), ls=":", lw=0.8)
+        first = next(iter(res["targets"].values()))
         ax.set_xscale("log")
         ax.set_title(name)
-        ax.set_xlabel("peak LR")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("target train loss")
-        ax.legend(fontsize=7, title=" ".join(f"{m}={v}" for v, m in zip(variants, "o^sDv")), title_fontsize=6)
+        ax.legend(fontsize=7, title=" ".join(f"{m}={v}" for v, m in zip(first["regret"], "o^sDv")), title_fontsize=6)
     lab.savefig(fig, path)
 
 

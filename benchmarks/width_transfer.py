@@ -37,6 +37,7 @@ docs/math.md section 2.
 from __future__ import annotations
 
 import os
+import platform
 import time
 
 from benchmarks import _devices
@@ -57,6 +58,10 @@ BASE_WIDTH = 64
 #: (one per position and byte) gets a gradient in a fraction of the steps only, so Adam's normalized step moves it
 #: slowly at the global learning rate. docs/lab_log.md, "Why the muP family trails SP AdamW at small width".
 MUP_EMBEDDING_LR_SCALE = 16.0
+
+#: The verdict's threshold: an optimizer *transfers* when the widest model trained at the narrowest model's best
+#: LR loses at most this much train loss against the widest model's own best (nats; the recipe's target, issue 32).
+REGRET_TOLERANCE = 0.02
 
 
 PRESETS = {
@@ -123,7 +128,24 @@ def widest_regret(results, summaries) -> dict:
             "narrow": ws[0],
             "wide": ws[-1],
             **{k: r[k] for k in ("lr", "loss", "best_loss", "regret", "regret_steps")},
+            "per_seed": [float(x) for x in r["per_seed"].values()],
         }
+    return out
+
+
+def transfer_verdict(regrets: dict, tolerance: float = REGRET_TOLERANCE) -> dict:
+    """Per optimizer: ``'transfers'`` when the seed-mean regret and every seed's are ``<= tolerance``, ``'does not'``
+    when the seed mean is above it (``'mixed'`` otherwise), with the margin ``tolerance - regret`` (nats)."""
+    out = {}
+    for name, r in regrets.items():
+        per_seed = r.get("per_seed") or [r["regret"]]
+        if r["regret"] <= tolerance and max(per_seed) <= tolerance:
+            v = "transfers"
+        elif r["regret"] > tolerance:
+            v = "does not"
+        else:
+            v = "mixed"
+        out[name] = {"verdict": v, "margin": tolerance - r["regret"], "per_seed": per_seed}
     return out
 
 
@@ -198,7 +220,8 @@ def main(argv=None):
     print(
         f"width transfer: data={data.name}, model={args.model}, widths={widths}, "
         f"{num_lrs} LRs (x2), {steps} steps, batch {batch_size}, seeds {seeds}, {args.dtype}, "
-        f"backend {_common.environment()['backend']}"
+        f"backend {_common.environment()['backend']}, data fingerprint {_common.data_fingerprint(data)} "
+        f"(Python {platform.python_version()}: compare yours)"
     )
     t0 = time.time()
     results, summaries, skipped = {}, {}, {}
@@ -258,6 +281,10 @@ def main(argv=None):
             f"  {name:14s} {span:>10s} {r['lr']:9.3g} {r['loss']:8.4f} "
             f"{r['best_loss']:8.4f} {r['regret']:+8.4f} {r['regret_steps']:+6.2f}"
         )
+    verdict = transfer_verdict(regrets)
+    print(f"\nverdict (transfers: regret <= {REGRET_TOLERANCE:g} nats, every seed):")
+    for name, v in verdict.items():
+        print(f"  {name:14s} {v['verdict']:16s} regret per seed " + " ".join(f"{x:+.4f}" for x in v["per_seed"]))
     fig = os.path.join(args.out, "width_transfer.png")
     if not _devices.is_writer():  # multi-host: process 0 writes the figure and the JSON
         return summaries
@@ -290,6 +317,9 @@ def main(argv=None):
                 for k, s in summaries.items()
             },
             "regret": regrets,
+            "verdict": verdict,
+            "regret_tolerance": REGRET_TOLERANCE,
+            "data_fingerprint": _common.data_fingerprint(data),
             "figure": fig,
             "seconds": elapsed,
             "environment": _common.environment(),
