@@ -1,0 +1,96 @@
+"""benchmarks/recipe.py's code paths at a few steps: the account's arithmetic by hand, the regret's reference,
+the weight-decay study's rule (the benchmark itself: docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import recipe
+from spectral_optax import transfer as st
+
+pytestmark = pytest.mark.slow
+
+
+def _seed_mean_min(path, **match):
+    runs = [json.loads(line) for line in open(path)]
+    runs = [r for r in runs if all(r[k] == v for k, v in match.items())]
+    by_lr: dict = {}
+    for r in runs:
+        by_lr.setdefault(round(r["lr"], 12), []).append(r["train_loss"])
+    return min(np.mean(v) for v in by_lr.values()), runs
+
+
+def test_recipe_mlp_and_gpt_account_and_regret(tmp_path, monkeypatch):
+    models = json.loads(json.dumps(recipe.MODELS, default=list))
+    models["mlp"]["presets"]["quick"] = {
+        "proxy": (16, 1, 6, 4),
+        "targets": {"2 T0, 2 B0": (32, 1, 12, 8)},
+        "num_lrs": 3,
+        "seeds": 1,
+    }
+    models["gpt"]["presets"]["quick"] = {
+        "proxy": (16, 2, 4, 2),
+        "targets": {"2 T0, 2x depth": (16, 4, 8, 2)},
+        "num_lrs": 2,
+        "seeds": 1,
+    }
+    monkeypatch.setattr(recipe, "MODELS", models)
+    for model, opt in (("mlp", "mup_adamw"), ("gpt", "adamw_sp")):
+        out = tmp_path / model
+        res = recipe.main(["--model", model, "--quick", "--optimizers", opt, "--out", str(out), "--no-progress"])
+        r = res[opt]
+        ((label, t),) = r["targets"].items()
+        preset = models[model]["presets"]["quick"]
+        (_, _, t0, b0), (w1, k1, t1, b1) = preset["proxy"], preset["targets"][label]
+        seq = 1 if model == "mlp" else recipe.CONTEXT["gpt"]
+        lr0 = r["proxy_lr"]
+        hand = lr0 * ((t1 * b1 * seq) / (t0 * b0 * seq)) ** -0.32 * (b1 / b0) ** 0.62
+        assert t["regret"]["full recipe"]["lr"] == pytest.approx(hand, rel=1e-9)
+        assert t["regret"]["no batch"]["lr"] == pytest.approx(lr0 * (t1 * b1 / (t0 * b0)) ** -0.32, rel=1e-9)
+        assert t["regret"]["no horizon"]["lr"] == pytest.approx(lr0 * (b1 / b0) ** 0.62, rel=1e-9)
+        assert t["regret"]["naive"]["lr"] == pytest.approx(lr0, rel=1e-12)
+        # reference='all': one best loss for every variant, the minimum over every LR the target ran
+        name = opt if k1 in (1, 2) else f"{opt}/K{k1}"
+        best, runs = _seed_mean_min(out / "recipe.jsonl", name=name, steps=t1, batch_size=b1, size=w1)
+        for v in t["regret"].values():
+            assert v["best_loss"] == pytest.approx(best, abs=1e-9) and v["regret"] >= -1e-12
+        assert len(runs) >= preset["num_lrs"]  # the target's grid, plus the variants' LRs off it
+        assert (out / f"recipe_recipe{'' if model == 'mlp' else '_gpt'}.png").exists()
+
+
+def test_weight_decay_study_rule_and_the_loss_without_decay(tmp_path, monkeypatch):
+    models = json.loads(json.dumps(recipe.MODELS, default=list))
+    models["mlp"]["studies"]["wd"] = {
+        "width": 16,
+        "depth": 1,
+        "steps": 5,
+        "batch": 4,
+        "multiples": [3],
+        "num_lrs": 3,
+        "seeds": 1,
+    }
+    monkeypatch.setattr(recipe, "MODELS", models)
+    res = recipe.main(["--study", "wd", "--optimizers", "adamw_sp", "--out", str(tmp_path), "--no-progress"])[
+        "adamw_sp"
+    ]
+    lr0, lam0 = res["proxy_lr"], res["proxy_lambda"]
+    # the proxy's lambda grid is centred on tau = T0 / 4 at the proxy's LR
+    assert min(res["proxy_curve"], key=lambda g: abs(math.log(g * lr0 * 5 * recipe.WD_TAU_FRACTION))) == pytest.approx(
+        1 / (recipe.WD_TAU_FRACTION * lr0 * 5), rel=1e-9
+    )
+    (t,) = res["targets"].values()
+    lr1 = lr0 * 3**-st.HORIZON_EXPONENT
+    assert t["learning_rate"] == pytest.approx(lr1, rel=1e-9)
+    assert t["lambda"]["timescale rule"] == pytest.approx(lam0 * (lr0 * 5) / (lr1 * 15), rel=1e-9)
+    assert t["lambda"]["naive"] == pytest.approx(lam0, rel=1e-12)
+    assert t["decay_gain"] == pytest.approx(t["no_decay_loss"] - min(t["curve"][g] for g in t["curve"]), abs=0.5)
+    zero = [
+        json.loads(line)
+        for line in open(tmp_path / "recipe.jsonl")
+        if json.loads(line)["lr"] == 0.0 and json.loads(line)["steps"] == 15
+    ]
+    assert len(zero) == 1 and t["no_decay_loss"] == pytest.approx(zero[0]["train_loss"], abs=1e-9)
