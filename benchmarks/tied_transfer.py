@@ -35,6 +35,7 @@ resumes).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -53,6 +54,9 @@ PRESETS = {
     "quick": {"widths": [32, 128], "num_lrs": 5, "steps": 80, "seeds": 2, "context": 32, "batch_size": 8},
     "default": {"widths": [32, 128, 256], "num_lrs": 6, "steps": 150, "seeds": 2, "context": 64, "batch_size": 16},
 }
+#: Validation examples per run (the targets use the train loss). The end-of-run evaluation is one vmapped
+#: program over every run of a width: 2048 sequences of 64 at width 256 ask for about 40 GB on CPU.
+EVAL_EXAMPLES = {"quick": 2048, "default": 256}
 #: Per optimizer: the init it runs on and its LR grid centers (peak LR) on the tied and the untied model. The
 #: tied model's muP-family centers are 2x-4x the untied ones: its read-out moves by the table's steps times
 #: ``1 / d`` (a slower read-out at the proxy than the untied head), and the grid must hold the best LR at every width.
@@ -106,6 +110,37 @@ class Decoder(nn.Module):
         return embed.attend(x) if self.tied else nn.Dense(self.vocab, name="head")(x)
 
 
+#: The Theta(1) constants of a run (muTransfer tunes them at the proxy and keeps them at every width):
+#: ``rb``: the tied read-out's ``c`` (multiplier ``c / d``; microsoft/mup's ``output_mult``); ``emb``: the LR
+#: multiplier of the tables (route 'embedding': the tied table, the positions; muP's per-group multiplier,
+#: ``so.route_lr_scale``; for ``muon`` it equals ``adam_learning_rate = emb * lr`` on the tables);
+#: ``bf``: ``moga``'s ``base_factor`` (the hidden matrices' step over the tables' and vectors' sign steps);
+#: ``hb``: ``moga``'s head rule, 0 the published one, 1 ``head_base_width`` = the proxy's width.
+DEFAULT_CONSTANTS = {"rb": 1.0, "emb": 1.0, "bf": 25.0, "hb": 0.0}
+#: ``--tune``: the grid of constants tried at the proxy width per optimizer (every combination; ``rb`` only on
+#: the tied model). The LR grid is moved by two points while the proxy's best LR is on its edge.
+TUNE_GRID = {
+    "muon": {"rb": (1.0, 4.0), "emb": (1.0, 4.0)},
+    "mup_adamw": {"rb": (1.0, 4.0, 16.0), "emb": (1.0, 4.0)},
+    "moga": {"rb": (1.0, 4.0), "bf": (25.0, 5.0, 1.0), "hb": (1.0,)},
+}
+
+
+def constants_tag(consts) -> str:
+    """The resume-tag suffix of the constants that differ from :data:`DEFAULT_CONSTANTS`."""
+    return "".join(f"/{k}{consts[k]:g}" for k in ("rb", "emb", "bf", "hb") if consts[k] != DEFAULT_CONSTANTS[k])
+
+
+def tune_grid(name: str, tied: bool) -> list[dict]:
+    """Every combination of :data:`TUNE_GRID` ``[name]`` (``rb`` dropped when untied, ``hb`` when tied)."""
+    combos = [dict(DEFAULT_CONSTANTS)]
+    for key, values in TUNE_GRID.get(name, {}).items():
+        if (key == "rb" and not tied) or (key == "hb" and tied):
+            continue
+        combos = [dict(c, **{key: float(v)}) for c in combos for v in values]
+    return combos
+
+
 def make_model(d: int, data, *, tied: bool, init: str, readout_base: float = 1.0):
     """``(lab.Model, geometry)`` of the decoder at width ``d``.
 
@@ -138,20 +173,43 @@ def make_model(d: int, data, *, tied: bool, init: str, readout_base: float = 1.0
     return lab.Model(init_fn, apply, loss), geometry
 
 
-def optimizer_factory(name: str, geometry_at, base):
-    """``(lr, width) -> optax.GradientTransformation``; ``geometry_at(width)`` is the traced map."""
+def optimizer_factory(name: str, geometry_at, base, consts=None, proxy_width=None):
+    """``(lr, width) -> optax.GradientTransformation``; ``geometry_at(width)`` is the traced map.
+
+    ``consts`` (:data:`DEFAULT_CONSTANTS` keys): ``emb`` multiplies the tables' updates
+    (``so.route_lr_scale``), ``bf`` / ``hb`` set ``moga``'s ``base_factor`` / ``head_base_width``."""
+    c = dict(DEFAULT_CONSTANTS, **(consts or {}))
+
+    def tables(opt_fn):
+        if c["emb"] == 1.0:
+            return opt_fn
+        return lambda lr, n: optax.chain(opt_fn(lr, n), so.route_lr_scale(embedding=c["emb"], geometry=geometry_at(n)))
+
     if name in ("muon", "muon_own"):
-        return lambda lr, n: so.muon(lr, geometry=geometry_at(n))
-    if name == "moga":
-        return lambda lr, n: so.moga(lr, geometry=geometry_at(n))
-    if name == "moga_adam_tables":  # an ablation: Adam, not sign steps, on the tables and the norm scales / biases
-        rules = {r"(embedding|pos_embed|scale|bias)$": "adam"}
-        return lambda lr, n: so.moga(lr, geometry=geometry_at(n), rules=rules)
+        return tables(lambda lr, n: so.muon(lr, geometry=geometry_at(n)))
+    if name in ("moga", "moga_adam_tables"):
+        head = None if not c["hb"] else float(proxy_width)
+        # moga_adam_tables, an ablation: Adam, not sign steps, on the tables and the norm scales / biases
+        rules = {r"(embedding|pos_embed|scale|bias)$": "adam"} if name == "moga_adam_tables" else None
+        return tables(
+            lambda lr, n: so.moga(lr, geometry=geometry_at(n), rules=rules, base_factor=c["bf"], head_base_width=head)
+        )
     if name == "mup_adamw":
-        return lambda lr, n: so.mup_adamw(lr, base=base, geometry=geometry_at(n))
+        return tables(lambda lr, n: so.mup_adamw(lr, base=base, geometry=geometry_at(n)))
     if name == "adamw_sp":
         return lambda lr, n: optax.adamw(lr, weight_decay=1e-4)
     raise ValueError(f"unknown optimizer {name!r}; have {sorted(OPTIMIZERS)}")
+
+
+def _center_for(name: str, model_name: str, consts, centers) -> float:
+    """The LR grid's center: ``--centers`` or :data:`OPTIMIZERS`'s, for ``moga`` times about
+    ``sqrt(25 / bf)`` (a power of 2: the grids of every ``bf`` share their points)."""
+    if centers and name in centers:
+        return centers[name]
+    center = OPTIMIZERS[name][1][model_name]
+    if name.startswith("moga"):
+        center *= 2.0 ** round(math.log2(math.sqrt(DEFAULT_CONSTANTS["bf"] / consts["bf"])))
+    return center
 
 
 def run(
@@ -169,8 +227,17 @@ def run(
     progress=True,
     readout_base=1.0,
     centers=None,
+    eval_examples=2048,
+    tune=False,
+    constants=None,
 ):
-    """Sweep every (model, optimizer); returns ``{model: {'summary': ..., 'regret': ..., 'results': ...}}``."""
+    """Sweep every (model, optimizer); returns ``{model: {'summary', 'regret', 'results', 'constants', 'tuning'}}``.
+
+    ``constants``: ``{optimizer: {key: value}}`` over :data:`DEFAULT_CONSTANTS` (``readout_base`` sets
+    every ``rb``). ``tune``: for the optimizers of :data:`TUNE_GRID`, first sweep the proxy width
+    (``widths[0]``) over every combination of constants (:func:`tune_grid`), keep the one with the lowest
+    proxy loss at its best LR, then sweep every width with it (the proxy's runs are reused).
+    """
     data = lab.load("text", context=context, sequence=True)
     results_path = os.path.join(out, "tied_transfer.jsonl")
     report = {}
@@ -178,20 +245,23 @@ def run(
         tied = model_name == "tied"
         cache: dict = {}
 
-        def built(d, init, tied=tied, cache=cache):
-            if (d, init) not in cache:
-                cache[d, init] = make_model(d, data, tied=tied, init=init, readout_base=readout_base)
-            return cache[d, init]
+        def built(d, init, rb, tied=tied, cache=cache):
+            if (d, init, rb) not in cache:
+                cache[d, init, rb] = make_model(d, data, tied=tied, init=init, readout_base=rb)
+            return cache[d, init, rb]
 
-        base = built(widths[0], "spectral")[0].shapes()
-        results, summaries = {}, {}
-        for name in optimizers:
-            init, center = OPTIMIZERS[name][0], (centers or {}).get(name, OPTIMIZERS[name][1][model_name])
-            factory = optimizer_factory(name, lambda d, init=init: built(d, init)[1], base)
-            res = lab.sweep(
-                lambda d, init=init: built(d, init)[0],
+        base = built(widths[0], "spectral", 1.0)[0].shapes()
+
+        def sweep(name, consts, ws, center, model_name=model_name, built=built, base=base):
+            init = OPTIMIZERS[name][0]
+            rb = consts["rb"] if (tied and init == "spectral") else 1.0
+            factory = optimizer_factory(
+                name, lambda d: built(d, init, rb)[1], base, consts=consts, proxy_width=widths[0]
+            )
+            return lab.sweep(
+                lambda d: built(d, init, rb)[0],
                 factory,
-                widths,
+                ws,
                 lab.lr_grid(center, num_lrs),
                 data,
                 steps=steps,
@@ -199,18 +269,70 @@ def run(
                 seeds=seeds,
                 results=results_path,
                 name=name,
-                tag=f"{model_name}/ctx{context}{tag}" + (f"/rb{readout_base:g}" if readout_base != 1 else ""),
+                tag=f"{model_name}/ctx{context}{tag}" + (constants_tag(consts) if init == "spectral" else ""),
                 size_name="width",
+                eval_examples=eval_examples,
                 schedule="warmup_cosine",
                 progress=progress,
             )
-            results[name], summaries[name] = res, res.summary()
-        report[model_name] = {"summary": summaries, "regret": widest_regret(results, summaries), "results": results}
+
+        def proxy_sweep(name, consts, center):
+            """The proxy's sweep, its grid moved by two points (4x) while its best LR is on an edge (at most twice)."""
+            res = sweep(name, consts, widths[:1], center)
+            for _ in range(2):
+                s = res.summary()
+                if not s["at_edge"]:
+                    break
+                lo = s["best_lr_grid"][widths[0]] <= min(r["lr"] for r in res.runs)
+                center = center / 4 if lo else center * 4
+                res = sweep(name, consts, widths[:1], center)
+            return res, center
+
+        results, summaries, chosen, tuning, todo = {}, {}, {}, {}, []
+        for name in optimizers:  # the proxy first, for every optimizer (cheap), then the wider widths
+            consts = dict(DEFAULT_CONSTANTS, rb=float(readout_base), **(constants or {}).get(name, {}))
+            center = _center_for(name, model_name, consts, centers)
+            if tune and name in TUNE_GRID:
+                rows = []
+                for combo in tune_grid(name, tied):
+                    res, c = proxy_sweep(name, combo, _center_for(name, model_name, combo, centers))
+                    s = res.summary()
+                    rows.append(
+                        {
+                            **combo,
+                            "center": c,
+                            "best_lr": s["best_lr"][widths[0]],
+                            "loss": s["loss_at_best"][widths[0]],
+                            "at_edge": bool(s["at_edge"]),
+                        }
+                    )
+                best = min(rows, key=lambda r: r["loss"] if r["loss"] == r["loss"] else math.inf)
+                consts = {k: best[k] for k in DEFAULT_CONSTANTS}
+                center, tuning[name] = best["center"], rows
+            elif centers is None or name not in centers:
+                _, center = proxy_sweep(name, consts, center)
+            todo.append((name, consts, center))
+        for name, consts, center in todo:
+            res = sweep(name, consts, widths, center)
+            results[name], summaries[name], chosen[name] = res, res.summary(), consts
+        report[model_name] = {
+            "summary": summaries,
+            "regret": widest_regret(results, summaries),
+            "results": results,
+            "constants": chosen,
+            "tuning": tuning,
+        }
     return report
 
 
 def print_report(report, widths) -> None:
     for model_name, r in report.items():
+        for name, rows in r.get("tuning", {}).items():
+            print(f"\n{model_name} / {name}: constants tuned at width {widths[0]} (loss at the best LR)")
+            for row in sorted(rows, key=lambda row: row["loss"]):
+                cs = " ".join(f"{k}={row[k]:g}" for k in DEFAULT_CONSTANTS)
+                edge = "  (edge)" if row["at_edge"] else ""
+                print(f"  {cs}  best LR {row['best_lr']:.3g}  loss {row['loss']:.4f}{edge}")
         base_best = r["summary"].get("adamw_sp", {}).get("loss_at_best", {}).get(widths[-1])
         print(
             f"\n{model_name}: spread (grid steps), regret at {widths[-1]} with {widths[0]}'s best grid LR, train loss"
@@ -225,6 +347,28 @@ def print_report(report, widths) -> None:
                 vs = f"  ({s['loss_at_best'][widths[-1]] - base_best:+.3f} vs adamw_sp at {widths[-1]})"
             edge = f"  edge: {sorted(s['at_edge'])}" if s["at_edge"] else ""
             print(f"  {name:10s} {lrs:>28s} {s['spread_steps']:7.2f} {reg:+8.4f}  {losses}{vs}{edge}")
+            cs = constants_tag(r.get("constants", {}).get(name, DEFAULT_CONSTANTS))
+            if cs and OPTIMIZERS[name][0] == "spectral":
+                print(f"  {'':10s} constants {cs}")
+
+
+def parse_constants(text: str | None) -> dict:
+    """``'muon:rb=4:emb=0.25,moga:bf=5'`` -> ``{'muon': {'rb': 4.0, 'emb': 0.25}, 'moga': {'bf': 5.0}}``."""
+    out: dict = {}
+    for item in (text or "").split(","):
+        if not item:
+            continue
+        name, *pairs = item.split(":")
+        if name not in OPTIMIZERS:
+            raise SystemExit(f"--constants: unknown optimizer {name!r}; have {sorted(OPTIMIZERS)}")
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if key not in DEFAULT_CONSTANTS or not value:
+                raise SystemExit(
+                    f"--constants: {pair!r} in {item!r}: want KEY=VALUE, KEY one of {list(DEFAULT_CONSTANTS)}"
+                )
+            out.setdefault(name, {})[key] = float(value)
+    return out
 
 
 def main(argv=None):
@@ -243,6 +387,13 @@ def main(argv=None):
         help="c of the tied read-out multiplier c / d (tied_readout_multiplier's base_width; default 1: 1 / d)",
     )
     p.add_argument("--centers", default=None, help="LR grid centers, e.g. muon=0.04,moga=0.016 (both models)")
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="tune the Theta(1) constants (TUNE_GRID: read-out c, tables' LR multiplier, MOGA's base_factor) "
+        "at the proxy width, then transfer the LR with them fixed",
+    )
+    p.add_argument("--constants", default=None, help="fixed constants, e.g. muon:rb=4:emb=0.25,moga:bf=5")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     preset = args.preset or ("quick" if args.quick else "default")
@@ -269,6 +420,9 @@ def main(argv=None):
             out=args.out,
             tag="/quick" if preset == "quick" else "",
             progress=not args.no_progress,
+            eval_examples=EVAL_EXAMPLES[preset],
+            tune=args.tune,
+            constants=parse_constants(args.constants),
             readout_base=args.readout_base_width,
             centers={k: float(v) for k, v in (kv.split("=") for kv in args.centers.split(","))}
             if args.centers
@@ -294,6 +448,9 @@ def main(argv=None):
                 for m, r in report.items()
             },
             "regret": {m: r["regret"] for m, r in report.items()},
+            "tune": args.tune,
+            "constants": {m: r["constants"] for m, r in report.items()},
+            "tuning": {m: r["tuning"] for m, r in report.items()},
             "runs": {m: [x for res in r["results"].values() for x in res.runs] for m, r in report.items()},
             "seconds": elapsed,
             "environment": _common.environment(),
