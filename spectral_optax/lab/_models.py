@@ -33,6 +33,7 @@ import optax
 
 from spectral_optax import GeometryMap
 from spectral_optax.initializers import spectral_embedding, spectral_normal
+from spectral_optax.nn._sharded import Embed
 
 __all__ = ["MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family", "resnet_family"]
 
@@ -201,7 +202,7 @@ class MLP(nn.Module):
         if self.input == "bytes":
             context = x.shape[-1]
             ids = x.astype(jnp.int32) + 256 * jnp.arange(context)
-            table = nn.Embed(
+            table = Embed(  # nn.Embed whose lookup also works on Explicit meshes
                 context * 256,
                 self.width,
                 embedding_init=embed_init(self.parametrization),

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 
 from spectral_optax import attention_max_logits, residual_alpha
 from spectral_optax.expert import MAX_LOGITS, scale_init
+from spectral_optax.nn._sharded import Embed, gathered
 
 Initializer = Callable[..., Any]
 default_kernel_init = nn.initializers.lecun_normal()
@@ -243,7 +244,9 @@ class TransformerBlock(nn.Module):
 
 
 def _stack(block_cls, num_blocks: int, scan: bool, **block_kwargs):
-    """K blocks as one ``nn.scan`` (params stacked on axis 0) or unrolled."""
+    """K blocks as one ``nn.scan`` (params stacked on axis 0) or unrolled; on an Explicit mesh each
+    block reads its (one layer's) parameters replicated (:func:`~spectral_optax.nn._sharded.gathered`)."""
+    block_cls = gathered(block_cls)
     if scan:
         stacked = nn.scan(
             block_cls,
@@ -313,9 +316,9 @@ class ResidualMLP(nn.Module):
     def __call__(self, x):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         if self.vocab_size is not None:
-            x = nn.Embed(self.vocab_size, self.features, name="embed", **kw)(x)
+            x = Embed(self.vocab_size, self.features, name="embed", **kw)(x)
             x = x.reshape(x.shape[:-2] + (x.shape[-2] * x.shape[-1],))
-        h = nn.Dense(self.features, kernel_init=self.kernel_init, name="input_proj", **kw)(x)
+        h = gathered(nn.Dense)(self.features, kernel_init=self.kernel_init, name="input_proj", **kw)(x)
         mult, out_scale = _multiplier_and_out_scale(self.branch_alpha, self.absorbed)
         h = _stack(
             ResidualMLPBlock,
@@ -328,7 +331,7 @@ class ResidualMLP(nn.Module):
             kernel_init=self.kernel_init,
             **kw,
         )(h)
-        return nn.Dense(self.out_features, kernel_init=self.kernel_init, name="head", **kw)(h)
+        return gathered(nn.Dense)(self.out_features, kernel_init=self.kernel_init, name="head", **kw)(h)
 
 
 class Transformer(nn.Module):
@@ -382,8 +385,8 @@ class Transformer(nn.Module):
         if tokens.shape[-1] > self.max_len:
             raise ValueError(f"sequence length {tokens.shape[-1]} exceeds max_len={self.max_len}")
         emb = dict(embedding_init=self.embedding_init, **kw)
-        h = nn.Embed(self.vocab_size, self.features, name="embed", **emb)(tokens)
-        pos = nn.Embed(self.max_len, self.features, name="pos_embed", **emb)(jnp.arange(tokens.shape[-1]))
+        h = Embed(self.vocab_size, self.features, name="embed", **emb)(tokens)
+        pos = Embed(self.max_len, self.features, name="pos_embed", **emb)(jnp.arange(tokens.shape[-1]))
         h = h + pos
         mult, out_scale = _multiplier_and_out_scale(self.branch_alpha, self.absorbed)
         h = _stack(
@@ -400,8 +403,8 @@ class Transformer(nn.Module):
             kernel_init=self.kernel_init,
             **kw,
         )(h)
-        h = nn.LayerNorm(name="ln_final", **kw)(h)
-        return nn.Dense(self.vocab_size, kernel_init=self.kernel_init, name="head", **kw)(h)
+        h = gathered(nn.LayerNorm)(name="ln_final", **kw)(h)
+        return gathered(nn.Dense)(self.vocab_size, kernel_init=self.kernel_init, name="head", **kw)(h)
 
 
 #: The last layer of every ResNet branch (``conv_1`` of each block): the
