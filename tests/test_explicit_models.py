@@ -1,4 +1,4 @@
-"""The package's GPT trains on a 2-D Explicit mesh (FSDP x TP, embedding sharded) as on one device.
+"""The package's GPT (Linen and NNX) trains on a 2-D Explicit mesh (FSDP x TP, embedding sharded) as on one device.
 
 A (4, 2) ``data`` x ``model`` mesh of host devices with ``AxisType.Explicit`` axes; kernels FSDP on
 their fan-in and tensor-parallel on their fan-out, the branch-last ``attn/out`` and ``mlp/dense_1``
@@ -117,11 +117,17 @@ for qkv, scan in (("fused", True), ("split", False)):
     params = randomize(jax.jit(m.init)(jax.random.key(0), x)["params"], scale=0.2)
     geometry = so.GeometryMap.from_linen(m, x)
     check(f"linen {qkv} scan={scan}", lambda p, t: m.apply({"params": p}, t), params, int(scan), geometry)
+
+# the NNX twin (same paths and function), params as a pure dict merged into its graph
+nm = so.nn.nnx.Transformer(V, D, K, H, max_len=T, qkv="split", scan=True, rngs=nnx.Rngs(0))
+graph, state = nnx.split(nm)
+params = randomize(state.to_pure_dict(), scale=0.2)
+check("nnx split scan=True", lambda p, t: nnx.merge(graph, p)(t), params, 1, so.as_geometry_map(nm))
 """
 
 
 @pytest.mark.slow
 def test_package_gpt_trains_on_an_explicit_fsdp_tp_mesh_as_on_one_device():
     out = run_script(SCRIPT, devices=8)
-    for kind in ("linen fused scan=True", "linen split scan=False"):
+    for kind in ("linen fused scan=True", "linen split scan=False", "nnx split scan=True"):
         assert f"ok {kind}" in out, out

@@ -10,10 +10,11 @@ both the FSDP way, with the same function as on one device:
 * :func:`take_rows` gathers ``table[ids]`` with the output sharded like ``ids`` on its leading
   dimensions and replicated along the features (``out_sharding`` of the gather; XLA moves the
   rows);
-* :func:`gathered` wraps a module so that, on an Explicit mesh, each parameter it reads is
-  resharded to replicated before use (an all-gather in the forward pass, a reduce-scatter of its
-  gradient back to the parameter's own sharding in the backward pass). Inside ``nn.scan`` the
-  wrapped block gathers one layer's parameters at a time.
+* :func:`gathered` wraps a Linen module (and :func:`gathered_call` calls an NNX module) so that,
+  on an Explicit mesh, each parameter it reads is resharded to replicated before use (an
+  all-gather in the forward pass, a reduce-scatter of its gradient back to the parameter's own
+  sharding in the backward pass). Inside ``nn.scan`` / ``nnx.scan`` a block gathers one layer's
+  parameters at a time.
 
 Activations are then sharded along their batch dimensions only (as the token ids are), and every
 matmul, norm and attention product has one unambiguous output sharding. On Auto meshes and off a
@@ -27,6 +28,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 
@@ -71,6 +73,23 @@ def replicate(tree):
 def gathered(module_cls: Any) -> Any:
     """``module_cls`` whose parameter reads go through :func:`replicate` (same parameter paths)."""
     return nn.map_variables(module_cls, "params", trans_in_fn=replicate, mutable=True)
+
+
+def gathered_call(module: Any, *args):
+    """``module(*args)`` for an NNX module, its parameters read replicated on an Explicit mesh (each
+    ``nnx.Param`` holds the resharded value during the call and its own array after it; sown
+    intermediates stay in ``module``)."""
+    params = [v for _, v in nnx.iter_graph(module) if isinstance(v, nnx.Param)]
+    saved = [v.get_value() for v in params]
+    if not any(_is_sharded(x) for x in saved):
+        return module(*args)
+    try:
+        for v, x in zip(params, saved):
+            v.set_value(replicate(x))
+        return module(*args)
+    finally:
+        for v, x in zip(params, saved):
+            v.set_value(x)
 
 
 class Embed(nn.Embed):

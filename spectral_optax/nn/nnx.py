@@ -32,6 +32,7 @@ from flax import nnx
 
 from spectral_optax import attention_max_logits, residual_alpha
 from spectral_optax.expert import MAX_LOGITS, scale_init
+from spectral_optax.nn._sharded import gathered_call, rows_sharding
 from spectral_optax.nn.linen import _check_qkv, _multiplier_and_out_scale
 
 Initializer = Callable[..., Any]
@@ -258,6 +259,12 @@ class TransformerBlock(nnx.Module):
         return h + m * self.mlp(self.ln_mlp(h))
 
 
+def _embed(table: nnx.Embed, ids):
+    """``table(ids)``; on an Explicit mesh the rows come back sharded like ``ids``, features
+    replicated (:func:`~spectral_optax.nn._sharded.rows_sharding`)."""
+    return table(ids, out_sharding=rows_sharding(table.embedding[...], ids))
+
+
 def _stacked(make_block: Callable[[nnx.Rngs], nnx.Module], num_blocks: int, rngs: nnx.Rngs):
     @nnx.split_rngs(splits=num_blocks)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -270,7 +277,7 @@ def _stacked(make_block: Callable[[nnx.Rngs], nnx.Module], num_blocks: int, rngs
 def _scan_apply(blocks, h):
     @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
     def step(x, block):
-        return block(x)
+        return gathered_call(block, x)
 
     return step(h, blocks)
 
@@ -291,7 +298,7 @@ def _apply_blocks(model: nnx.Module, h):
     if getattr(model, "scan"):  # noqa: B009
         return _scan_apply(getattr(model, "blocks"), h)  # noqa: B009
     for k in range(getattr(model, "num_blocks")):  # noqa: B009
-        h = getattr(model, f"blocks_{k}")(h)
+        h = gathered_call(getattr(model, f"blocks_{k}"), h)
     return h
 
 
@@ -356,10 +363,10 @@ class ResidualMLP(nnx.Module):
 
     def __call__(self, x):
         if self.vocab_size is not None:
-            x = self.embed(x)
+            x = _embed(self.embed, x)
             x = x.reshape(x.shape[:-2] + (x.shape[-2] * x.shape[-1],))
-        h = _scan_apply(self.blocks, self.input_proj(x))
-        return self.head(h)
+        h = _scan_apply(self.blocks, gathered_call(self.input_proj, x))
+        return gathered_call(self.head, h)
 
 
 class Transformer(nnx.Module):
@@ -447,9 +454,9 @@ class Transformer(nnx.Module):
     def __call__(self, tokens):
         if tokens.shape[-1] > self.max_len:
             raise ValueError(f"sequence length {tokens.shape[-1]} exceeds max_len={self.max_len}")
-        h = self.embed(tokens) + self.pos_embed(jnp.arange(tokens.shape[-1]))
+        h = _embed(self.embed, tokens) + _embed(self.pos_embed, jnp.arange(tokens.shape[-1]))
         h = _apply_blocks(self, h)
-        return self.head(self.ln_final(h))
+        return gathered_call(self.head, gathered_call(self.ln_final, h))
 
 
 class ResNetBlock(nnx.Module):
