@@ -115,20 +115,21 @@ class Decoder(nn.Module):
 #: multiplier of the tables (route 'embedding': the tied table, the positions; muP's per-group multiplier,
 #: ``so.route_lr_scale``; for ``muon`` it equals ``adam_learning_rate = emb * lr`` on the tables);
 #: ``bf``: ``moga``'s ``base_factor`` (the hidden matrices' step over the tables' and vectors' sign steps);
-#: ``hb``: ``moga``'s head rule, 0 the published one, 1 ``head_base_width`` = the proxy's width.
-DEFAULT_CONSTANTS = {"rb": 1.0, "emb": 1.0, "bf": 25.0, "hb": 0.0}
+#: ``hb``: ``moga``'s head rule, 0 the published one, 1 ``head_base_width`` = the proxy's width; ``adam``:
+#: ``moga``'s tables, norm scales and biases by Adam (``rules=``, at the same LR) instead of sign steps.
+DEFAULT_CONSTANTS = {"rb": 1.0, "emb": 1.0, "bf": 25.0, "hb": 0.0, "adam": 0.0}
 #: ``--tune``: the grid of constants tried at the proxy width per optimizer (every combination; ``rb`` only on
 #: the tied model). The LR grid is moved by two points while the proxy's best LR is on its edge.
 TUNE_GRID = {
     "muon": {"rb": (1.0, 4.0), "emb": (1.0, 4.0)},
-    "mup_adamw": {"rb": (1.0, 4.0, 16.0), "emb": (1.0, 4.0)},
-    "moga": {"rb": (1.0, 4.0), "bf": (25.0, 5.0, 1.0), "hb": (1.0,)},
+    "mup_adamw": {"rb": (1.0, 4.0, 16.0), "emb": (1.0, 4.0, 16.0)},
+    "moga": {"rb": (1.0, 4.0, 16.0), "bf": (25.0, 5.0, 1.0), "adam": (0.0, 1.0), "hb": (1.0,)},
 }
 
 
 def constants_tag(consts) -> str:
     """The resume-tag suffix of the constants that differ from :data:`DEFAULT_CONSTANTS`."""
-    return "".join(f"/{k}{consts[k]:g}" for k in ("rb", "emb", "bf", "hb") if consts[k] != DEFAULT_CONSTANTS[k])
+    return "".join(f"/{k}{consts[k]:g}" for k in ("rb", "emb", "bf", "hb", "adam") if consts[k] != DEFAULT_CONSTANTS[k])
 
 
 def tune_grid(name: str, tied: bool) -> list[dict]:
@@ -190,7 +191,8 @@ def optimizer_factory(name: str, geometry_at, base, consts=None, proxy_width=Non
     if name in ("moga", "moga_adam_tables"):
         head = None if not c["hb"] else float(proxy_width)
         # moga_adam_tables, an ablation: Adam, not sign steps, on the tables and the norm scales / biases
-        rules = {r"(embedding|pos_embed|scale|bias)$": "adam"} if name == "moga_adam_tables" else None
+        adam = name == "moga_adam_tables" or c["adam"]
+        rules = {r"(embedding|pos_embed|scale|bias)$": "adam"} if adam else None
         return tables(
             lambda lr, n: so.moga(lr, geometry=geometry_at(n), rules=rules, base_factor=c["bf"], head_base_width=head)
         )

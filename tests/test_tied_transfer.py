@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -49,3 +50,95 @@ def test_quick_code_path_runs_and_reports(tmp_path):
         assert report["tied"]["regret"][name]["wide"] == 32
     assert (tmp_path / "tied_transfer.jsonl").exists()
     tied_transfer.print_report(report, [16, 32])
+
+
+def test_tune_grid_constants_tag_and_parse():
+    # Every combination of the grid, rb only on the tied model and hb only on the untied one.
+    tied = tied_transfer.tune_grid("moga", tied=True)
+    untied = tied_transfer.tune_grid("moga", tied=False)
+    grid = tied_transfer.TUNE_GRID["moga"]
+    assert len(tied) == len(grid["rb"]) * len(grid["bf"]) and all(c["hb"] == 0.0 for c in tied)
+    assert len(untied) == len(grid["bf"]) and all(c["rb"] == 1.0 and c["hb"] == 1.0 for c in untied)
+    assert {(c["rb"], c["bf"]) for c in tied} == {(r, b) for r in grid["rb"] for b in grid["bf"]}
+    assert tied_transfer.tune_grid("adamw_sp", tied=True) == [tied_transfer.DEFAULT_CONSTANTS]
+    # The resume tag names only what differs from the defaults ("/rb4": the tag of --readout-base-width 4).
+    assert tied_transfer.constants_tag(tied_transfer.DEFAULT_CONSTANTS) == ""
+    assert tied_transfer.constants_tag(dict(tied_transfer.DEFAULT_CONSTANTS, rb=4.0, bf=5.0)) == "/rb4/bf5"
+    assert tied_transfer.parse_constants("muon:rb=4:emb=0.25,moga:bf=5") == {
+        "muon": {"rb": 4.0, "emb": 0.25},
+        "moga": {"bf": 5.0},
+    }
+    with pytest.raises(SystemExit, match="KEY one of"):
+        tied_transfer.parse_constants("muon:lr=4")
+    with pytest.raises(SystemExit, match="unknown optimizer"):
+        tied_transfer.parse_constants("sgd:rb=4")
+
+
+@functools.lru_cache(maxsize=1)
+def _setup(d=16):
+    data = lab.load("text", context=8, sequence=True)
+    x, y = data.numpy_batch("train", np.arange(4))
+    model, geometry = tied_transfer.make_model(d, data, tied=True, init="spectral")
+    params = model.init(jax.random.key(0))
+    return model, geometry, params, jax.grad(model.loss)(params, x, y)
+
+
+def _one_update(name, consts, d=16):
+    model, geometry, params, grads = _setup(d)
+    opt = tied_transfer.optimizer_factory(name, lambda n: geometry, model.shapes(), consts=consts)(0.01, d)
+    updates, _ = opt.update(grads, opt.init(params), params)
+    flat = jax.tree_util.tree_flatten_with_path(updates)[0]
+    return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v, np.float64) for path, v in flat}
+
+
+def _check_scaled(ref, scaled, factor_of):
+    for p in ref:
+        np.testing.assert_allclose(scaled[p], factor_of(p) * ref[p], rtol=1e-5, atol=1e-12)
+
+
+TABLES = ("embed/embedding", "pos_embed")
+
+
+@pytest.mark.slow
+def test_moga_constants_scale_their_routes_only():
+    # emb = 4: the tied table's and the positions' first updates are 4x those at emb = 1, every other leaf's equal;
+    # bf = 5 against the default 25: the hidden matrices' steps x 1/5, the tables' and vectors' sign steps equal.
+    ref = _one_update("moga", {})
+    assert {p for p in ref if p.endswith(TABLES)} == set(TABLES)
+    _check_scaled(ref, _one_update("moga", {"emb": 4.0}), lambda p: 4.0 if p.endswith(TABLES) else 1.0)
+    hidden = [p for p in ref if p.endswith("kernel")]
+    assert hidden and len(hidden) < len(ref)
+    _check_scaled(ref, _one_update("moga", {"bf": 5.0}), lambda p: 0.2 if p in hidden else 1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["muon", "mup_adamw"])
+def test_emb_multiplies_the_tables_updates_only(name):
+    ref = _one_update(name, {})
+    _check_scaled(ref, _one_update(name, {"emb": 4.0}), lambda p: 4.0 if p.endswith(TABLES) else 1.0)
+
+
+@pytest.mark.slow
+def test_tune_picks_the_proxy_best_and_transfers_with_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(tied_transfer.TUNE_GRID, "muon", {"rb": (1.0, 4.0)})
+    report = tied_transfer.run(
+        models=("tied",),
+        optimizers=("muon",),
+        widths=[16, 32],
+        num_lrs=3,
+        steps=2,
+        seeds=[0],
+        context=8,
+        batch_size=2,
+        out=str(tmp_path),
+        progress=False,
+        tune=True,
+        eval_examples=16,
+    )
+    rows = report["tied"]["tuning"]["muon"]
+    assert sorted(r["rb"] for r in rows) == [1.0, 4.0]
+    best = min(rows, key=lambda r: r["loss"])
+    assert report["tied"]["constants"]["muon"]["rb"] == best["rb"]
+    s = report["tied"]["summary"]["muon"]
+    assert s["loss_at_best"][16] == pytest.approx(best["loss"])  # the proxy's runs reused, not redrawn
+    assert sorted(s["loss_at_best"]) == [16, 32]
