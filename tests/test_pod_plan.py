@@ -200,7 +200,8 @@ print("ok")
 
 # Fused QKV on the fan-out, stacked layers sharded on each of their axes, a wide head, an embedding,
 # vectors; on a 1-D FSDP mesh, a 2-D ('data', 'model') mesh and a one-device mesh, Explicit and Auto.
-LAYOUTS = """
+LAYOUTS = (
+    """
 import jax, jax.numpy as jnp, numpy as np, optax
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 import spectral_optax as so
@@ -231,7 +232,9 @@ params = jax.tree.map(lambda s: jax.random.normal(next(keys), s) / 4, shapes, is
 grads = [jax.tree.map(lambda p: jax.random.normal(next(keys), p.shape), params) for _ in range(2)]
 
 
-""" + CLOSE + """
+"""
+    + CLOSE
+    + """
 
 
 def run(tx, p, gs):
@@ -241,6 +244,7 @@ def run(tx, p, gs):
         p, s = step(p, s, g)
     return p, s
 """
+)
 
 
 CHECK_LAYOUTS = """
@@ -272,16 +276,72 @@ OPTIMIZERS = {
 """
 
 
+@pytest.mark.slow
+def test_packed_pack_of_2d_tiles_on_a_4_by_4_explicit_mesh():
+    """The pack above with every kernel tiled ``P('data', 'model')`` on a 4 x 4 Explicit mesh (the 2-D
+    "tiles" layout of Llama 1.2B on 256 devices at 1/16 of the size): both groups reach their columns
+    over every device by one all-to-all per tiling (``_stage_columns``), the whole matrices their units by
+    one all-to-all over each owner group's 4 devices (``_packed_columns``), then the deal. Compiled flops
+    within 5% of the plan; collectives all-to-alls and the Gram all-reduces only (XLA's one-axis
+    reshard of the pack moved 1.6x the bytes, collective-permutes and all-gathers among them); values
+    equal one device (rel 1e-5) and the float64 reference, in the leaves' layouts."""
+    out = run_script(
+        REFERENCE
+        + CLOSE
+        + """
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+import spectral_optax as so
+from spectral_optax._duals.polar import MUON_QUINTIC
+from benchmarks.sharded_speed import collective_bytes
+from spectral_optax._distributed.plan import FLOPS_PER_BYTE_BY_KIND
+
+H100 = FLOPS_PER_BYTE_BY_KIND["h100"]
+shapes = {"b0": (64, 2048), "b1": (64, 2048), "b2": (2048, 64), "b3": (2048, 64),
+          "up0": (64, 8192), "up1": (64, 8192), "down0": (8192, 64)}
+keys = iter(jax.random.split(jax.random.key(0), 8))
+grads = {k: {"kernel": jax.random.normal(next(keys), s)} for k, s in shapes.items()}
+mesh = jax.make_mesh((4, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+sharded = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P("data", "model"))), grads)
+tx = so.orthogonalize_via_newton_schulz(ns_method="standard", scale=1.0, flops_per_byte=H100)
+plan = so.expert.orthogonalization_plan(sharded, ns_method="standard", flops_per_byte=H100)
+by = {(g.m, g.n): g for g in plan.groups}
+assert by[(64, 8192)].packed_with == (64, 2048) and by[(64, 2048)].packed_with == (64, 8192), plan
+with jax.set_mesh(mesh):
+    compiled = jax.jit(tx.update).lower(sharded, None).compile()
+    got, _ = compiled(sharded, None)
+flops, coll = compiled.cost_analysis()["flops"], collective_bytes(compiled.as_text())
+print("flops", flops, "plan", plan.flops_per_device, "collectives", coll)
+assert plan.flops_per_device <= flops <= 1.05 * plan.flops_per_device, (flops, plan.flops_per_device)
+assert set(coll) == {"all-to-all", "all-reduce"}, coll
+assert sum(coll.values()) <= 2.5e6, coll  # 2.40 MB (the generic pack: 3.89 MB)
+one, _ = jax.jit(tx.update)(jax.device_put(grads, jax.devices()[0]), None)
+for name in grads:
+    close(got[name]["kernel"], one[name]["kernel"], f"{name} vs one device")
+    want = ns_reference(grads[name]["kernel"], [MUON_QUINTIC] * 5)
+    err = np.max(np.abs(np.asarray(got[name]["kernel"], np.float64) - want)) / np.max(np.abs(want))
+    assert err < 1e-4, (name, err)
+    assert got[name]["kernel"].sharding.spec == P("data", "model"), (name, got[name]["kernel"].sharding)
+print("ok")
+""",
+        devices=16,
+    )
+    assert "ok" in out, out
+
+
 def test_fused_qkv_on_the_fan_out_and_a_one_device_explicit_mesh():
     """muon and moga on an Explicit 1-D FSDP mesh of 8 devices (fused QKV kernels sharded on the
     fan-out, stacked layers sharded on their layer / fan-in / fan-out axis, a wide head) and on a
     one-device Explicit mesh (muon): each crashed before (issue 18). Two steps equal the one-device run
     (rel 1e-5); every parameter keeps its sharding."""
     out = run_script(
-        LAYOUTS + OPTIMIZERS + """
+        LAYOUTS
+        + OPTIMIZERS
+        + """
 CASES = [("explicit-1d", (8,), (D,), AxisType.Explicit, 1, ("muon", "moga")),
          ("explicit-one-device", (1,), (D,), AxisType.Explicit, 1, ("muon",))]
-""" + CHECK_LAYOUTS,
+"""
+        + CHECK_LAYOUTS,
         devices=8,
     )
     for case, name in (("explicit-1d", "muon"), ("explicit-1d", "moga"), ("explicit-one-device", "muon")):
@@ -293,14 +353,22 @@ def test_every_layout_on_auto_and_2d_meshes_equals_one_device():
     """The same tree on an Auto 1-D mesh and an Explicit ('data', 'model') = (4, 2) mesh (tensor
     parallel x FSDP), muon, moga and muon(distribute=False): equal to the one-device run."""
     out = run_script(
-        LAYOUTS + OPTIMIZERS + """
+        LAYOUTS
+        + OPTIMIZERS
+        + """
 CASES = [("auto-1d", (8,), (D,), AxisType.Auto, 1, ("muon", "moga")),
          ("explicit-2d", (4, 2), (D, "model"), AxisType.Explicit, 2, ("muon", "moga", "muon(distribute=False)"))]
-""" + CHECK_LAYOUTS,
+"""
+        + CHECK_LAYOUTS,
         devices=8,
     )
-    for case, name in (("auto-1d", "muon"), ("auto-1d", "moga"), ("explicit-2d", "muon"), ("explicit-2d", "moga"),
-                       ("explicit-2d", "muon(distribute=False)")):
+    for case, name in (
+        ("auto-1d", "muon"),
+        ("auto-1d", "moga"),
+        ("explicit-2d", "muon"),
+        ("explicit-2d", "moga"),
+        ("explicit-2d", "muon(distribute=False)"),
+    ):
         assert f"ok {case} {name}\n" in out, out
 
 
@@ -345,12 +413,17 @@ def test_printed_plan_of_a_pod_sized_tree():
     d, f, v = 2048, 8192, 32000
     tree = {f"b{i}": {n: {"kernel": jax.ShapeDtypeStruct((d, d), jnp.float32)} for n in "qkvo"} for i in range(16)}
     for i in range(16):
-        tree[f"b{i}"].update({n: {"kernel": jax.ShapeDtypeStruct(s, jnp.float32)}
-                              for n, s in (("gate", (d, f)), ("up", (d, f)), ("down", (f, d)))})
+        tree[f"b{i}"].update(
+            {
+                n: {"kernel": jax.ShapeDtypeStruct(s, jnp.float32)}
+                for n, s in (("gate", (d, f)), ("up", (d, f)), ("down", (f, d)))
+            }
+        )
     tree["lm_head"] = {"kernel": jax.ShapeDtypeStruct((d, v), jnp.float32)}
     h100 = FLOPS_PER_BYTE_BY_KIND["h100"]  # an H100 pod's plan (the default is this host's figure)
-    plan = so.expert.orthogonalization_plan(tree, devices=64, geometry={r"lm_head/kernel$": {"kind": "matrix"}},
-                                            flops_per_byte=h100)
+    plan = so.expert.orthogonalization_plan(
+        tree, devices=64, geometry={r"lm_head/kernel$": {"kind": "matrix"}}, flops_per_byte=h100
+    )
     by_shape = {(g.m, g.n): g for g in plan.groups}
     assert {k: g.count for k, g in by_shape.items()} == {(d, d): 64, (d, f): 48, (d, v): 1}
     head = by_shape[(d, v)]
@@ -367,8 +440,9 @@ def test_printed_plan_of_a_pod_sized_tree():
     # 256 devices: the 48 wide matrices in 4 blocks of 2048 x 2048 and the 64 squares packed 4 per
     # unit fill the 64 owner groups of 4, one block per device: 6 d^3 per step, and the head split
     # over all 256 (1.845x the one-device float32 total / 256, which runs the wide ones Gram-space)
-    plan = so.expert.orthogonalization_plan(tree, devices=256, geometry={r"lm_head/kernel$": {"kind": "matrix"}},
-                                            flops_per_byte=h100)
+    plan = so.expert.orthogonalization_plan(
+        tree, devices=256, geometry={r"lm_head/kernel$": {"kind": "matrix"}}, flops_per_byte=h100
+    )
     by_shape = {(g.m, g.n): g for g in plan.groups}
     wide, square = by_shape[(d, f)], by_shape[(d, d)]
     assert (wide.split, wide.owners, wide.units, wide.per_device) == (4, 64, 64, 1), str(plan)

@@ -77,18 +77,24 @@ def run_plan(
     :func:`_fused_units`).
     """
     it, spec_it = iter(leaves), iter(specs or [None] * len(leaves))
+    inputs = {key: ([next(it) for _ in members], [next(spec_it) for _ in members]) for key, members in groups.items()}
+    own = {key: _columns_route(plan[key], members, *inputs[key], mesh, axes) for key, members in groups.items()}
+    # a pack is staged by columns when both of its groups can be (else both go the generic way)
+    columns = {key: own[key] and (plan[key].packed_with is None or own[plan[key].packed_with]) for key in groups}
     staged = {}
     for key, members in groups.items():
-        xs = [next(it) for _ in members]
-        ss = [next(spec_it) for _ in members]
-        staged[key] = _stage(plan[key], members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axes)
+        xs, ss = inputs[key]
+        staged[key] = _stage(
+            plan[key], members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axes, columns[key]
+        )
     done: dict = {}
     for key in groups:
         gp, (stacked, tiles, _) = plan[key], staged[key]
         if gp.packed_with is not None:
             if gp.split > 1:
                 other = plan[gp.packed_with]
-                done[key], done[gp.packed_with] = _packed(
+                pack = _packed_columns if tiles == _COLUMNS else _packed
+                done[key], done[gp.packed_with] = pack(
                     stacked, staged[gp.packed_with][0], gp, other.method, orthogonalize, mesh, axes
                 )
             continue
@@ -119,11 +125,23 @@ def run_plan(
     return tuple(y for key in groups for y in staged[key][2](done[key]))
 
 
-def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axes):
+def _columns_route(gp, members, xs, ss, mesh, axes) -> bool:
+    """Whether a group is staged with its columns over every device by one all-to-all per tiling
+    (:func:`_stage_columns`): a split group, or either group of a pack, of plain 2-D leaves tiled over
+    the two mesh axes (:func:`_wide_tilings`) whose columns the devices divide (:func:`_deals`)."""
+    if mesh is None or (gp.split == 1 and gp.packed_with is None) or not _deals(gp.n, gp.owners * gp.split):
+        return False
+    if len(_fused_units(xs, members, ss)) != len(xs):
+        return False
+    return _wide_tilings([g for _, g in members], ss, axes) is not None
+
+
+def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axes, columns=False):
     """One group's matrices stacked in their wide form on the way to their owners:
     ``(stacked (B, m, n), tiles, finish)``, ``tiles`` the common 2-D tiling
-    (:func:`_common_tiling`) or ``None`` and ``finish(ortho)`` the finished leaves from the
-    orthogonalized stack (each scaled by its own factor, back in its layout and dtype)."""
+    (:func:`_common_tiling`), ``_COLUMNS`` (``columns``: :func:`_columns_route`) or ``None`` and
+    ``finish(ortho)`` the finished leaves from the orthogonalized stack (each scaled by its own
+    factor, back in its layout and dtype)."""
     devices = gp.owners * gp.split
     units = _fused_units(xs, members, ss)  # fused leaves of one layout: one cut for all
     unit_x = [xs[u[0]] if len(u) == 1 else jnp.stack([xs[i] for i in u]) for u in units]
@@ -134,10 +152,9 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
         units = [[i] for i in range(len(xs))]
         unit_x, unit_g, unit_s = list(xs), [g for _, g in members], list(ss)
         local = [_fused_local(g, mesh, axes, devices) for g in unit_g]
-    if gp.split > 1 and gp.packed_with is None and mesh is not None and _deals(gp.n, devices):
-        tilings = _wide_tilings([g for _, g in members], ss, axes) if len(units) == len(xs) else None
-        if tilings:  # 2-D tilings: to full columns and back by one all-to-all per tiling each way
-            return _stage_columns(tilings, members, xs, scale_of, compute_dtype, coefficients, mesh, axes)
+    if columns:  # 2-D tilings: to full columns and back by one all-to-all per tiling each way
+        tilings = _wide_tilings([g for _, g in members], ss, axes)
+        return _stage_columns(tilings, members, xs, scale_of, compute_dtype, coefficients, mesh, axes)
     tiles = _common_tiling(members, ss, axes) if gp.split == 1 and gp.packed_with is None and mesh is not None else None
     if not tiles and gp.split == 1 and gp.packed_with is None and mesh is not None and len(units) == len(xs):
         resident = resident_axes(members, ss, mesh, axes, devices)
@@ -219,6 +236,42 @@ def _packed(split, whole, gp, whole_method, orthogonalize, mesh, axes):
     summed = [True] * count_a + [False] * (stacked.shape[0] - count_a)
     ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, k, summed, whole_method)
     return ortho[:count_a], unside(ortho[count_a:total])[:count_b]
+
+
+def _packed_columns(split, whole, gp, whole_method, orthogonalize, mesh, axes):
+    """A pack (as :func:`_packed`) whose two stacks come with their columns over every device in
+    device order (:func:`_stage_columns`): ``split`` ``(B_A, m, k c)``, ``whole`` ``(B_B, m, c)``.
+
+    The whole matrices go to units without XLA's resharding: one all-to-all over the ``k`` devices
+    of each owner group (``'_split'`` of :func:`_group_view`) takes the stack from ``P(None, None,
+    ('_owners', '_split'))`` to ``P('_split', None, '_owners')`` (device ``(o, s)``: column block
+    ``o`` of the ``s``-th ``B_B / k`` of the matrices), which read locally is the unit stack ``(B_B
+    / k, m, k c)`` with its columns over every device: unit ``u``'s block on device ``(o, s)`` is
+    block ``o`` of matrix ``s B_B / k + u``, so the deal of :func:`_split_in_groups` (all-to-all over
+    the owner groups) hands device ``(o, s)`` that whole matrix, its columns in order. The way back
+    is the inverse all-to-all. ``(split result, whole result)``."""
+    k = gp.split
+    count_a, count_b = split.shape[0], whole.shape[0]
+    if -count_b % k:
+        whole = jnp.pad(whole, ((0, -count_b % k), (0, 0), (0, 0)))
+    abstract, view = _group_view(mesh, (gp.owners, k))
+    spec = P(None, None, ("_owners", "_split"))
+    barrier = jax.lax.optimization_barrier  # materialized, as in _split_in_groups
+
+    def regroup(x, back=False):
+        body = lambda b: jax.lax.all_to_all(barrier(b), "_split", 2 if back else 0, 0 if back else 2, tiled=True)
+        with jax.sharding.use_abstract_mesh(abstract):
+            x = jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(abstract, spec))
+            return jax.shard_map(body, mesh=view, in_specs=spec, out_specs=spec)(x)
+
+    side = regroup(whole.astype(split.dtype))
+    stacked = jnp.concatenate([split, side], axis=0)
+    total = stacked.shape[0]
+    if total % gp.owners:
+        stacked = jnp.pad(stacked, ((0, -total % gp.owners), (0, 0), (0, 0)))
+    summed = [True] * count_a + [False] * (stacked.shape[0] - count_a)
+    ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, k, summed, whole_method)
+    return ortho[:count_a], regroup(ortho[count_a:total], back=True)[:count_b]
 
 
 def _group_view(mesh, shape):
