@@ -21,13 +21,15 @@ context 8), depth not varied. ``--model gpt``: the package's GPT
 horizon and the fitted exponent ``a`` in ``eta* ~ T^-a`` next to the
 published 0.32; the regret of the rule and of the naive transfer.
 ``--study batch``: the batch rule alone, ``B0 -> 4 B0, 16 B0`` at equal tokens
-(fewer steps). ``--study wd``: the weight-decay timescale rule alone. At the
-proxy (``T0`` steps) the LR is tuned without decay, then ``lambda`` over a
-grid of timescales ``tau = 1 / (eta lambda)`` at that LR; at ``4 T0`` and
-``16 T0`` (LR by the horizon rule) ``lambda`` is swept again, and the rule's
-``lambda' = lambda eta T / (eta' T')`` and the naive ``lambda`` (unchanged)
-are judged by regret in ``lambda``-grid steps, beside the loss without decay
-(does weight decay matter at that horizon?) and the fitted exponent
+(fewer steps). ``--study wd``: the weight-decay timescale rule alone, on a
+finite training set (the first ``train_examples`` windows, so that the runs
+take several epochs and decay can matter) and judged on the validation loss.
+At the proxy (``T0`` steps) the LR is tuned without decay, then ``lambda``
+over a grid of timescales ``tau = 1 / (eta lambda)`` at that LR; at ``4 T0``
+and ``16 T0`` (LR by the horizon rule) ``lambda`` is swept again, and the
+rule's ``lambda' = lambda eta T / (eta' T')`` and the naive ``lambda``
+(unchanged) are judged by regret in ``lambda``-grid steps, beside the loss
+without decay (what decay gains at that horizon) and the fitted exponent
 ``c`` in ``lambda* ~ T^-c`` (the rule's is ``1 - a = 0.68``).
 
     python -m benchmarks.recipe [--quick] [--model mlp|gpt] [--study recipe|horizon|batch|wd]
@@ -90,17 +92,31 @@ MODELS = {
                 "num_lrs": 7,
                 "seeds": 2,
             },
-            "wd": {"width": 128, "depth": 1, "steps": 600, "batch": 32, "multiples": (4, 16), "num_lrs": 7, "seeds": 2},
+            "wd": {
+                "width": 128,
+                "depth": 1,
+                "steps": 600,
+                "batch": 32,
+                "multiples": (4, 16),
+                "num_lrs": 7,
+                "seeds": 2,
+                "train_examples": 8192,
+            },
         },
         # best LRs of the quickstart at width 64, 150 steps, batch 32
         "centers": {"mup_adamw": 0.008, "muon": 0.03, "adamw_sp": 6e-3},
     },
     "gpt": {
         "presets": {
-            "quick": {"proxy": (32, 2, 80, 8), "targets": {"4 T0, 2 B0": (64, 2, 320, 16)}, "num_lrs": 6, "seeds": 2},
+            "quick": {
+                "proxy": (32, 2, 80, 8),
+                "targets": {"4 T0, 2x width": (64, 2, 320, 8)},
+                "num_lrs": 6,
+                "seeds": 2,
+            },
             "default": {
                 "proxy": (32, 2, 80, 8),
-                "targets": {"8 T0, 2 B0, 4x width, 2x depth": (128, 4, 640, 16)},
+                "targets": {"8 T0, B0, 4x width, 2x depth": (128, 4, 640, 8)},
                 "num_lrs": 6,
                 "seeds": 2,
             },
@@ -116,7 +132,16 @@ MODELS = {
                 "seeds": 2,
             },
             "batch": {"width": 64, "depth": 2, "steps": 320, "batch": 4, "multiples": (4,), "num_lrs": 6, "seeds": 2},
-            "wd": {"width": 64, "depth": 2, "steps": 160, "batch": 8, "multiples": (4,), "num_lrs": 6, "seeds": 2},
+            "wd": {
+                "width": 64,
+                "depth": 2,
+                "steps": 160,
+                "batch": 8,
+                "multiples": (4,),
+                "num_lrs": 6,
+                "seeds": 2,
+                "train_examples": 512,
+            },
         },
         # gpt_width's centres at width 32 (SP AdamW's best LR is higher at width 32 than at 128)
         "centers": {"mup_adamw": 0.016, "muon": 0.064, "adamw_sp": 0.016},
@@ -153,12 +178,12 @@ def _on(grid, lr):
     return any(abs(lr - g) <= 1e-6 * g for g in grid)
 
 
-def per_seed_best(runs, grid):
-    """seed -> refined best LR over ``grid`` (train loss)."""
+def per_seed_best(runs, grid, metric="train_loss"):
+    """seed -> refined best LR over ``grid``."""
     out = {}
     for seed in sorted({r["seed"] for r in runs}):
         rs = [r for r in runs if r["seed"] == seed and _on(grid, r["lr"])]
-        out[seed] = lab.summarize(rs)["best_lr"][rs[0]["size"]]
+        out[seed] = lab.summarize(rs, metric=metric)["best_lr"][rs[0]["size"]]
     return out
 
 
@@ -170,7 +195,7 @@ def _curve(runs, values, metric="train_loss"):
 
 
 class Lab:
-    def __init__(self, args, seeds, num_lrs):
+    def __init__(self, args, seeds, num_lrs, train_examples=None):
         self.model = args.model
         ctx = CONTEXT[args.model]
         self.data = (
@@ -178,6 +203,8 @@ class Lab:
             if args.model == "mlp"
             else lab.load("text", context=ctx, sequence=True)
         )
+        if train_examples:
+            self.data = first_examples(self.data, train_examples)
         self.sequence_length = 1 if args.model == "mlp" else ctx
         self.seeds, self.num_lrs, self.progress = seeds, num_lrs, not args.no_progress
         self.results = os.path.join(args.out, "recipe.jsonl")
@@ -237,9 +264,10 @@ class Lab:
         return out
 
     def weight_decay_study(self, name, init, proxy, targets, center):
-        """The proxy's LR (no decay), its best ``lambda`` on a timescale grid, and per target (LR by the
-        horizon rule) the regret of the rule's and the naive ``lambda`` on the target's own ``lambda`` sweep,
-        and the loss without decay."""
+        """On a finite training set (several epochs): the proxy's LR (no decay, validation loss), its best
+        ``lambda`` on a timescale grid, and per target (LR by the horizon rule) the validation regret of the
+        rule's and the naive ``lambda`` on the target's own ``lambda`` sweep, and the loss without decay."""
+        val = "val_loss"
 
         def family(init):
             return self.family_for(init, proxy.depth)
@@ -250,16 +278,20 @@ class Lab:
         no_decay = optimizers(self.model, family, proxy.width, weight_decay=0.0)[name][1]
         grid0 = lab.lr_grid(center, self.num_lrs)
         runs0 = self.sweep(name, init, no_decay, proxy, grid0, tag="recipe-wd")
-        lr0 = lab.summarize(runs0)["best_lr"][proxy.width]
+        lr0 = lab.summarize(runs0, metric=val)["best_lr"][proxy.width]
         lam_c = 1.0 / (WD_TAU_FRACTION * lr0 * proxy.steps)
         wgrid0 = lab.lr_grid(lam_c, WD_POINTS)
         wruns0 = self.sweep(name, init, decayed(lr0), proxy, wgrid0, tag=f"recipe-wd@{lr0:.6g}")
-        lam0 = lab.summarize(wruns0)["best_lr"][proxy.width]
+        s0 = lab.summarize(wruns0, metric=val)
+        lam0 = s0["best_lr"][proxy.width]
+        zero0 = self.sweep(name, init, decayed(lr0), proxy, [0.0], tag=f"recipe-wd@{lr0:.6g}")
         out = {
             "proxy_lr": lr0,
             "proxy_lambda": lam0,
-            "proxy_best": per_seed_best(wruns0, wgrid0),
-            "proxy_curve": _curve(wruns0, wgrid0),
+            "proxy_edge": bool(s0["at_edge"]),
+            "proxy_best": per_seed_best(wruns0, wgrid0, val),
+            "proxy_curve": _curve(wruns0, wgrid0, val),
+            "proxy_no_decay": float(np.mean([r[val] for r in zero0])),
             "targets": {},
         }
         for label, target in targets.items():
@@ -271,23 +303,34 @@ class Lab:
             tag = f"recipe-wd@{lr1:.6g}"
             runs = self.sweep(name, init, decayed(lr1), target, grid + extra, tag=tag)
             zero = self.sweep(name, init, decayed(lr1), target, [0.0], tag=tag)
-            reg = {v: lab.regret(runs, lam, grid=grid, reference="all") for v, lam in cand.items()}
-            best = min(_curve(runs, grid).values())
+            reg = {v: lab.regret(runs, lam, grid=grid, reference="all", metric=val) for v, lam in cand.items()}
+            no_decay_val = float(np.mean([r[val] for r in zero]))
             out["targets"][label] = {
                 "scale": target,
                 "learning_rate": lr1,
                 "transfer": full,
                 "lambda": cand,
                 "regret": reg,
-                "best": per_seed_best(runs, grid),
-                "edge": lab.summarize([r for r in runs if _on(grid, r["lr"])])["at_edge"],
-                "curve": _curve(runs, grid + extra),
-                "no_decay_loss": float(np.mean([r["train_loss"] for r in zero])),
-                "decay_gain": float(np.mean([r["train_loss"] for r in zero])) - best,
-                "val_curve": _curve(runs, grid + extra, "val_loss"),
-                "no_decay_val": float(np.mean([r["val_loss"] for r in zero])),
+                "best": per_seed_best(runs, grid, val),
+                "edge": lab.summarize([r for r in runs if _on(grid, r["lr"])], metric=val)["at_edge"],
+                "curve": _curve(runs, grid + extra, val),
+                "train_curve": _curve(runs, grid + extra),
+                "no_decay_loss": no_decay_val,
+                "decay_gain": no_decay_val - min(_curve(runs, grid, val).values()),
+                "no_decay_train": float(np.mean([r["train_loss"] for r in zero])),
             }
         return out
+
+
+def first_examples(data, n):
+    """``data`` with its training set cut to the first ``n`` examples (windows of the byte stream), so that
+    a run of ``T`` steps at batch ``B`` sees ``T B / n`` epochs; the validation set is unchanged."""
+    import dataclasses
+
+    if n > data.num_train:
+        raise ValueError(f"train_examples={n} is more than the dataset's {data.num_train}")
+    (stream,) = data.train
+    return dataclasses.replace(data, name=f"{data.name}[:{n}]", train=(stream[: n + data.context + 1],), num_train=n)
 
 
 def jax_highest():
@@ -342,20 +385,21 @@ def report_wd(name, res):
         f"\n{name}: proxy LR {res['proxy_lr']:.4g} (no decay), best lambda {res['proxy_lambda']:.4g} (per seed "
         + ", ".join(f"{v:.4g}" for v in res["proxy_best"].values())
         + f"; tau = 1/(eta lambda) = {1 / (res['proxy_lr'] * res['proxy_lambda']):.0f} steps"
-        + f" of {res['proxy_scale'].steps})"
+        + f" of {res['proxy_scale'].steps}); val loss {min(res['proxy_curve'].values()):.4f}, without decay"
+        + f" {res['proxy_no_decay']:.4f}"
+        + ("  AT GRID EDGE" if res["proxy_edge"] else "")
     )
     for label, t in res["targets"].items():
         r0 = t["regret"]["timescale rule"]
         print(
             f"  target {label} (LR {t['learning_rate']:.4g} by the horizon rule): best lambda {r0['best_lr']:.4g} "
-            f"(per seed " + ", ".join(f"{v:.4g}" for v in t["best"].values()) + f"), best loss {r0['best_loss']:.4f}"
-            f"; without decay {t['no_decay_loss']:.4f} (decay gains {t['decay_gain']:+.4f} nats; val: best "
-            f"{min(t['val_curve'].values()):.4f}, without decay {t['no_decay_val']:.4f})"
-            + ("  AT GRID EDGE" if t["edge"] else "")
+            f"(per seed " + ", ".join(f"{v:.4g}" for v in t["best"].values()) + f"), best val loss "
+            f"{r0['best_loss']:.4f}; without decay {t['no_decay_loss']:.4f} (decay gains {t['decay_gain']:+.4f} "
+            f"nats; train without decay {t['no_decay_train']:.4f})" + ("  AT GRID EDGE" if t["edge"] else "")
         )
         for v, r in t["regret"].items():
             print(
-                f"    {v:14s} lambda {r['lr']:.4g}  loss {r['loss']:.4f}  regret {_fmt_regret(r)}  per seed "
+                f"    {v:14s} lambda {r['lr']:.4g}  val loss {r['loss']:.4f}  regret {_fmt_regret(r)}  per seed "
                 + " ".join(f"{x:+.4f}" for x in r["per_seed"].values())
             )
 
@@ -373,7 +417,7 @@ def main(argv=None):
     spec = MODELS[args.model]
     cfg = spec["studies"][args.study] if args.study != "recipe" else spec["presets"][preset]
     seeds = list(range(args.seeds or cfg["seeds"]))
-    L = Lab(args, seeds, cfg["num_lrs"])
+    L = Lab(args, seeds, cfg["num_lrs"], cfg.get("train_examples"))
 
     if args.study == "recipe":
         proxy = L.scale(*cfg["proxy"])

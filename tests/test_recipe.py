@@ -72,6 +72,7 @@ def test_weight_decay_study_rule_and_the_loss_without_decay(tmp_path, monkeypatc
         "multiples": [3],
         "num_lrs": 3,
         "seeds": 1,
+        "train_examples": 64,
     }
     monkeypatch.setattr(recipe, "MODELS", models)
     res = recipe.main(["--study", "wd", "--optimizers", "adamw_sp", "--out", str(tmp_path), "--no-progress"])[
@@ -87,10 +88,14 @@ def test_weight_decay_study_rule_and_the_loss_without_decay(tmp_path, monkeypatc
     assert t["learning_rate"] == pytest.approx(lr1, rel=1e-9)
     assert t["lambda"]["timescale rule"] == pytest.approx(lam0 * (lr0 * 5) / (lr1 * 15), rel=1e-9)
     assert t["lambda"]["naive"] == pytest.approx(lam0, rel=1e-12)
-    assert t["decay_gain"] == pytest.approx(t["no_decay_loss"] - min(t["curve"][g] for g in t["curve"]), abs=0.5)
-    zero = [
-        json.loads(line)
-        for line in open(tmp_path / "recipe.jsonl")
-        if json.loads(line)["lr"] == 0.0 and json.loads(line)["steps"] == 15
+    grid = [
+        lam
+        for lam in t["curve"]
+        if any(abs(lam - g) <= 1e-9 * g for g in recipe.lab.lr_grid(t["lambda"]["timescale rule"], recipe.WD_POINTS))
     ]
-    assert len(zero) == 1 and t["no_decay_loss"] == pytest.approx(zero[0]["train_loss"], abs=1e-9)
+    assert len(grid) == recipe.WD_POINTS
+    assert t["decay_gain"] == pytest.approx(t["no_decay_loss"] - min(t["curve"][g] for g in grid), abs=1e-9)
+    runs = [json.loads(line) for line in open(tmp_path / "recipe.jsonl")]
+    assert {r["data"] for r in runs} == {"text:pydoc[:64]"}
+    zero = [r for r in runs if r["lr"] == 0.0 and r["steps"] == 15]
+    assert len(zero) == 1 and t["no_decay_loss"] == pytest.approx(zero[0]["val_loss"], abs=1e-9)
