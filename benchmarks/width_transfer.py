@@ -66,7 +66,7 @@ REGRET_TOLERANCE = 0.02
 
 PRESETS = {
     # widths, LR-grid points, steps, seeds; Muon's widest model on a CPU
-    "quick": {"widths": [64, 128, 256, 512], "num_lrs": 8, "steps": 150, "seeds": 1, "cpu_muon_max": 512},
+    "quick": {"widths": [64, 128, 256, 512], "num_lrs": 8, "steps": 150, "seeds": 3, "cpu_muon_max": 512},
     "default": {
         "widths": [64, 128, 256, 512, 1024, 2048],
         "num_lrs": 10,
