@@ -220,8 +220,8 @@ def main(argv=None):
     print(
         f"width transfer: data={data.name}, model={args.model}, widths={widths}, "
         f"{num_lrs} LRs (x2), {steps} steps, batch {batch_size}, seeds {seeds}, {args.dtype}, "
-        f"backend {_common.environment()['backend']}, data fingerprint {_common.data_fingerprint(data)} "
-        f"(Python {platform.python_version()}: compare yours)"
+        f"backend {_common.environment()['backend']}, data fingerprint {_common.data_fingerprint(data)}"
+        + (f" (Python {platform.python_version()}'s bundled text: compare yours)" if data.name == "text:pydoc" else "")
     )
     t0 = time.time()
     results, summaries, skipped = {}, {}, {}
