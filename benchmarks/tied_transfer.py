@@ -23,9 +23,16 @@ multiplier), ``moga_adam_tables`` an ablation (MOGA with Adam instead of sign
 steps on the tables, norm scales and biases). ``--readout-base-width c``
 sets the tied multiplier to ``c / d`` (muP's ``output_mult``; default 1).
 
+``--tune`` is muTransfer's procedure for the parametrization's Theta(1)
+constants (:data:`DEFAULT_CONSTANTS`: the read-out's ``c``, the tables' LR
+multiplier, MOGA's ``base_factor``, its head rule and Adam-or-sign tables):
+every combination of :data:`TUNE_GRID` is swept at the proxy width only (its
+LR grid moved off an edge), the one with the lowest proxy loss is kept, and
+the LR is transferred with it fixed. ``--constants`` fixes them by hand.
+
     python -m benchmarks.tied_transfer [--quick | --preset quick|default] [--json PATH] [--out DIR]
         [--models tied,untied] [--optimizers a,b] [--widths 32,128] [--steps N] [--seeds K] [--num-lrs N]
-        [--readout-base-width C] [--centers name=lr,...]
+        [--readout-base-width C] [--centers name=lr,...] [--tune] [--constants muon:rb=4:emb=4,...]
 
 Targets (issue 35): spread <= 0.5 grid steps, regret <= 0.01 nats, and the
 widest model's loss at its best LR no worse than ``adamw_sp``'s best.
