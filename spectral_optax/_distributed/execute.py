@@ -14,7 +14,7 @@
   of an owner group and the short-side Gram matrix summed over them every step
   (:func:`~spectral_optax.newton_schulz` with ``axis_name``;
   :func:`_split_everywhere`, :func:`_split_in_groups`), a pack of whole matrices riding in a
-  split group's stack (:func:`_packed`).
+  split group's stack (:func:`_packed`; from 2-D tiles by all-to-alls, :func:`_packed_columns`).
 
 Any permutation of rows or columns, of matrices in a stack and zero padding leave the
 iteration's result unchanged (``NS(P G Q) = P NS(G) Q`` for permutations; zero columns add
@@ -72,7 +72,8 @@ def run_plan(
     (:func:`_split_everywhere`), else over the devices viewed as an ``(N / k, k)`` mesh with the
     Gram sums over each owner group's ``k`` devices (:func:`_split_in_groups`), which also runs a
     pack (:func:`~spectral_optax._distributed.plan.pack_groups`: the packed group's matrices ``k`` side by
-    side in a unit whose Gram matrices are not summed, :func:`_packed`). Fused-fan-out leaves of
+    side in a unit whose Gram matrices are not summed, :func:`_packed`; both groups staged by
+    columns when both are 2-D tiles, :func:`_columns_route`, :func:`_packed_columns`). Fused-fan-out leaves of
     one geometry and layout are cut into their blocks as one stack (:func:`_fused_local`,
     :func:`_fused_units`).
     """
