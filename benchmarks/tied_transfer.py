@@ -129,7 +129,7 @@ DEFAULT_CONSTANTS = {"rb": 1.0, "emb": 1.0, "bf": 25.0, "hb": 0.0, "adam": 0.0}
 #: the tied model). The LR grid is moved by two points while the proxy's best LR is on its edge.
 TUNE_GRID = {
     "muon": {"rb": (1.0, 4.0), "emb": (1.0, 4.0)},
-    "mup_adamw": {"rb": (1.0, 4.0, 16.0), "emb": (1.0, 4.0, 16.0)},
+    "mup_adamw": {"rb": (1.0, 4.0, 16.0), "emb": (1.0, 4.0, 16.0, 64.0)},
     "moga": {"rb": (1.0, 4.0, 16.0), "bf": (25.0, 5.0, 1.0), "adam": (0.0, 1.0), "hb": (1.0,)},
 }
 
