@@ -25,7 +25,9 @@ Trees: ``gpt2xl`` (d 1600, 48 blocks, fused ``c_attn`` (d, 3d), tied
 embedding), ``llama1b`` (d 2048, 16 blocks, q / k / v / o, SwiGLU 8192, vocab
 32000, untied head), ``llama7b`` (d 4096, 32 blocks, SwiGLU 11008, vocab
 32000, untied head), ``qwen05b`` (Qwen2.5-0.5B's shapes: d 896 = 7 x 128, 24 blocks, GQA
-k / v of width 128, SwiGLU 4864, vocab 151936, tied head: sizes that few mesh axes divide).
+k / v of width 128, SwiGLU 4864, vocab 151936, tied head: sizes that few mesh axes divide), ``olmoe``
+(OLMoE-1B-7B's shapes: d 2048, 16 blocks, 64 experts of SwiGLU 1024 stacked ``(64, d, 1024)`` per block,
+a router, vocab 50304, untied head; with ``--scan`` the expert stacks are 4-D ``(16, 64, d, 1024)``).
 ``--layout tiles`` (with ``--tp``): every kernel ``P('data', 'model')`` on its (fan-in, fan-out)
 instead of Megatron's column / row parallel split. ``--scan``: every block parameter stacked on a leading
 layer axis (``nn.scan`` layout), its geometry given as an override.
@@ -38,8 +40,8 @@ CPU backend promotes every bfloat16 collective to float32 (its ``all-reduce-prom
 partitioning, before those passes (``--xla_dump_to``, pass ``all_to_all_decomposer``): what a GPU
 or TPU moves.
 
-``python -m benchmarks.pod_scale --devices N --tree gpt2xl|llama1b|llama7b|qwen05b [--scan] [--tp K] [--layout tiles]
-[--mesh explicit|auto] [--optimizers a,b] [--plan] [--ns-dtype bfloat16] --json PATH``
+``python -m benchmarks.pod_scale --devices N --tree gpt2xl|llama1b|llama7b|qwen05b|olmoe [--scan] [--tp K]
+[--layout tiles] [--mesh explicit|auto] [--optimizers a,b] [--plan] [--ns-dtype bfloat16] --json PATH``
 """
 
 from __future__ import annotations
@@ -83,7 +85,10 @@ TREES = {  # d, blocks, MLP width, vocab, kind
     "llama1b": (2048, 16, 8192, 32000, "llama"),
     "llama7b": (4096, 32, 11008, 32000, "llama"),
     "qwen05b": (896, 24, 4864, 151936, "qwen"),  # GQA k / v of width 128, tied head, d = 7 x 128
+    "olmoe": (2048, 16, 1024, 50304, "moe"),  # 64 experts of SwiGLU 1024 per block, untied head
 }
+#: experts per block of the ``moe`` trees (OLMoE-1B-7B's 64)
+MOE_EXPERTS = 64
 #: parameter names whose fan-out (else fan-in) is split over 'model' with --tp (Megatron layout)
 COLUMN_PARALLEL = ("q", "k", "v", "gate", "up", "c_attn", "c_fc")
 
@@ -115,6 +120,14 @@ def tree_shapes(name: str, scan: bool = False):
             "mlp": {"c_fc": {"kernel": (d, f), "bias": (f,)}, "c_proj": {"kernel": (f, d), "bias": (d,)}},
         }  # fmt: skip
         top = {"wte": {"embedding": (vocab, d)}, "wpe": {"embedding": (1024, d)}, "ln_f": {"scale": (d,), "bias": (d,)}}
+    elif kind == "moe":  # every expert's SwiGLU as one (E, fan-in, fan-out) stack per block, a router
+        e = MOE_EXPERTS
+        block = {
+            "attn_norm": {"scale": (d,)}, "mlp_norm": {"scale": (d,)},
+            "attn": {n: {"kernel": (d, d)} for n in ("q", "k", "v", "o")},
+            "moe": {"router": {"kernel": (d, e)}, "experts": {"gate": (e, d, f), "up": (e, d, f), "down": (e, f, d)}},
+        }  # fmt: skip
+        top = {"embed": {"embedding": (vocab, d)}, "norm": {"scale": (d,)}, "lm_head": {"kernel": (d, vocab)}}
     else:
         kv = 128 if kind == "qwen" else d  # GQA: k / v narrower than q
         block = {
@@ -127,6 +140,8 @@ def tree_shapes(name: str, scan: bool = False):
             top["lm_head"] = {"kernel": (d, vocab)}
     is_shape = lambda s: isinstance(s, tuple)
     geometry: dict = {}
+    if kind == "moe":  # the expert axis (and, scanned, the layer axis) a batch axis: one matrix per expert
+        geometry[r"/experts/(gate|up|down)$"] = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
     if scan:
         top["blocks"] = jax.tree.map(lambda s: (blocks, *s), block, is_leaf=is_shape)
         matrix = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
@@ -156,11 +171,11 @@ def partition_specs(shapes, data: int, tp: int, layout: str = "megatron"):
             if shape[-2] % data == 0:
                 entries[-2] = "data"
         elif tp > 1 and len(shape) >= 2:
-            axis = len(shape) - 1 if names[-2] in COLUMN_PARALLEL or names[-1] == "embedding" else len(shape) - 2
+            axis = len(shape) - 1 if {names[-2], names[-1]} & {*COLUMN_PARALLEL, "embedding"} else len(shape) - 2
             if shape[axis] % tp == 0:
                 entries[axis] = "model"
         free = [a for a in range(len(shape)) if entries[a] is None and shape[a] % data == 0]
-        if free and data > 1:
+        if free and data > 1 and "data" not in entries:
             entries[max(free, key=lambda a: (shape[a], -a))] = "data"
         specs.append(P(*entries))
     return jax.tree_util.tree_unflatten(treedef, specs)

@@ -198,18 +198,24 @@ def test_layout_matrix_covering_subset(half):
 
 
 GUARD = """
-import re, time
+import re, sys, time
 import jax, jax.numpy as jnp, optax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import spectral_optax as so
 
 assert jax.device_count() == 64
+stacked = sys.argv[1] == "stacked"
 mesh = jax.make_mesh((8, 8), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-shapes = {f"h{i}": {"q": (512, 512), "o": (512, 512), "up": (512, 1536), "down": (1536, 512)} for i in range(16)}
-tiles = NamedSharding(mesh, P("data", "model"))  # every kernel (fan-in, fan-out) over (data, model)
+kernels = {"q": (512, 512), "o": (512, 512), "up": (512, 1536), "down": (1536, 512)}
+if stacked:  # nn.scan: the layers on a leading (batch) axis, unsharded
+    shapes, spec, geometry = {"blocks": {k: (16, *s) for k, s in kernels.items()}}, P(None, "data", "model"), {
+        r"^blocks/": {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}}
+else:
+    shapes, spec, geometry = {f"h{i}": dict(kernels) for i in range(16)}, P("data", "model"), None
+tiles = NamedSharding(mesh, spec)  # every kernel (fan-in, fan-out) over (data, model)
 tree = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32, sharding=tiles), shapes,
                     is_leaf=lambda s: isinstance(s, tuple))
-plan = so.expert.orthogonalization_plan(tree, flops_per_byte=1.0)
+plan = so.expert.orthogonalization_plan(tree, geometry=geometry, flops_per_byte=1.0)
 assert all(g.split == 2 and g.owners == 32 for g in plan.groups), plan
 
 
@@ -223,22 +229,27 @@ def compiled(tx):
     return time.perf_counter() - t0, text
 
 
-base, _ = compiled(so.muon(0.02, distribute=False))
-seconds, text = compiled(so.muon(0.02, flops_per_byte=1.0))
+base, _ = compiled(so.muon(0.02, geometry=geometry, distribute=False))
+seconds, text = compiled(so.muon(0.02, geometry=geometry, flops_per_byte=1.0))
 print(f"RESULT {seconds / base:.3f} {len(re.findall(r' all-to-all[(]', text))}")
 """
 
 
-def test_2d_tiled_split_groups_compile_in_bounded_time():
+@pytest.mark.parametrize("layout", ["leaves", "stacked"])
+def test_2d_tiled_split_groups_compile_in_bounded_time(layout):
     """Regression guard for a plan whose program grows as leaves x devices: 64 kernels tiled
-    P('data', 'model') on 64 host devices, split k = 2 (the route of Llama 6.7B on a 32 x 8 mesh).
-    The all-to-all count is exact on any machine; the compile-time ratio to the ``distribute=False``
-    program in the same process has a 2x margin over the measured value (docs/sharding.md,
-    "2-D layouts", which also gives the figures before the fix)."""
-    out = run_script(GUARD, devices=64, timeout=900)
+    P('data', 'model') on 64 host devices, split k = 2 (the route of Llama 6.7B on a 32 x 8 mesh),
+    as 64 leaves or as four ``nn.scan`` stacks of 16 (``P(None, 'data', 'model')``, the layer axis a
+    batch axis: the stacks went through XLA's partitioner, slice by slice, before they took the
+    same all-to-all route: 18 all-to-alls at 64 devices, 15 against 4 and 81 s against 18 s for
+    OLMoE's attention stacks at 256). The all-to-all count is exact on any machine; the compile-time
+    ratio to the ``distribute=False`` program in the same process has a 2x margin over the measured value
+    (docs/sharding.md, "2-D layouts", which also gives the figures before the fix)."""
+    out = run_script(GUARD, devices=64, timeout=900, args=[layout])
     ratio, all_to_all = out.split("RESULT ")[1].split()
-    assert int(all_to_all) <= 16, out[-2000:]  # one per tiling class and direction, + the deals
-    assert float(ratio) <= 4.5, out[-2000:]
+    assert int(all_to_all) <= 16, out[-2000:]  # one per tiling class and direction, + the deals (stacked: 18 before)
+    # measured (2026-12-04, loaded 2-core machine): leaves 2.1-2.8, stacked 3.8-5.1 (four leaves: a quick baseline)
+    assert float(ratio) <= {"leaves": 4.5, "stacked": 10.0}[layout], out[-2000:]
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from conftest import xla_flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_script(script: str, devices: int, timeout: int = 600) -> str:
+def run_script(script: str, devices: int, timeout: int = 600, args: tuple | list = ()) -> str:
     env = dict(
         os.environ,
         XLA_FLAGS=xla_flags(f"--xla_force_host_platform_device_count={devices}"),
@@ -25,7 +25,7 @@ def run_script(script: str, devices: int, timeout: int = 600) -> str:
         PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     res = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
+        [sys.executable, "-c", textwrap.dedent(script), *args],
         check=False, env=env, capture_output=True, text=True, timeout=timeout,
     )
     assert res.returncode == 0, res.stdout + res.stderr[-6000:]

@@ -128,8 +128,9 @@ def run_plan(
 
 def _columns_route(gp, members, xs, ss, mesh, axes) -> bool:
     """Whether a group is staged with its columns over every device by one all-to-all per tiling
-    (:func:`_stage_columns`): a split group, or either group of a pack, of plain 2-D leaves tiled over
-    the two mesh axes (:func:`_wide_tilings`) whose columns the devices divide (:func:`_deals`)."""
+    (:func:`_stage_columns`): a split group, or either group of a pack, of matrices (or stacks of them
+    on unsharded batch axes) tiled over the two mesh axes (:func:`_wide_tilings`) whose columns the
+    devices divide (:func:`_deals`)."""
     if mesh is None or (gp.split == 1 and gp.packed_with is None) or not _deals(gp.n, gp.owners * gp.split):
         return False
     if len(_fused_units(xs, members, ss)) != len(xs):
@@ -387,11 +388,11 @@ def _split_everywhere(stacked, orthogonalize, mesh, axes):
 
 
 def _common_tiling(members, specs, axes):
-    """``(rows axis, columns axis, flips)`` when every matrix of a group is a plain 2-D leaf whose
-    wide view is tiled over two mesh axes the same way (FSDP x tensor parallel: ``P('data',
-    'model')`` kernels with the ``P('model', 'data')`` ones transposed to their wide form), those two
-    being all of ``axes``; a square matrix tiled the other way is taken transposed (``flips[i]``,
-    ``NS(G^T) = NS(G)^T``). Else ``None``."""
+    """``(rows axis, columns axis, flips)`` when every matrix of a group (a 2-D leaf, or a stack of
+    them on unsharded batch axes) has its wide view tiled over two mesh axes the same way (FSDP x
+    tensor parallel: ``P('data', 'model')`` kernels with the ``P('model', 'data')`` ones transposed
+    to their wide form), those two being all of ``axes``; a square matrix tiled the other way is
+    taken transposed (``flips[i]``, ``NS(G^T) = NS(G)^T``). Else ``None``."""
     tilings = _wide_tilings([g for _, g in members], specs, axes)
     if not tilings:
         return None
@@ -435,13 +436,19 @@ _COLUMNS = "columns"
 
 
 def _wide_tilings(geoms, specs, axes):
-    """Per matrix, ``(rows axis, columns axis)`` of its wide view when every one is a plain 2-D leaf
-    tiled over the two mesh axes ``axes`` (FSDP x tensor parallel, either orientation); else ``None``."""
+    """Per matrix, ``(rows axis, columns axis)`` of its wide view when every one has one fan-in and one
+    fan-out axis tiled over the two mesh axes ``axes`` (FSDP x tensor parallel, either orientation)
+    and its batch axes (an ``nn.scan`` stack's layers, a stack's experts) unsharded, so that its
+    canonical view ``(slices, d_in, d_out)`` is tiled ``P(None, rows, cols)`` as the leaf is; else
+    ``None``."""
     out = []
     for g, spec in zip(geoms, specs):
-        if spec is None or len(g.shape) != 2 or g.fan_out_splits != 1 or g.batch_axes:
+        if spec is None or g.fan_out_splits != 1 or len(g.fan_in_axes) != 1 or len(g.fan_out_axes) != 1:
             return None
-        rows, cols = spec[g.fan_in_axes[0]], spec[g.fan_out_axes[0]]
+        entries = tuple(spec) + (None,) * (len(g.shape) - len(spec))
+        if any(entries[a] is not None for a in g.batch_axes):
+            return None
+        rows, cols = entries[g.fan_in_axes[0]], entries[g.fan_out_axes[0]]
         tiling = (cols, rows) if g.d_in > g.d_out else (rows, cols)
         if not all(isinstance(a, str) for a in tiling) or tiling[0] == tiling[1] or set(tiling) != set(axes):
             return None
