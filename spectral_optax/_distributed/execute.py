@@ -36,7 +36,7 @@ import numpy as np
 from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
-from spectral_optax._distributed.mesh import blocks_local, context_mesh, mesh_order, spec_axes
+from spectral_optax._distributed.mesh import blocks_local, context_mesh, is_explicit, mesh_order, spec_axes
 from spectral_optax._distributed.plan import columns_multiple
 from spectral_optax._distributed.resident import resident_axes, stage_resident
 from spectral_optax._distributed.wide import from_wide, move_dtype, to_wide
@@ -164,8 +164,10 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
             return stage_resident(resident, members, xs, scale_of, compute_dtype, coefficients, devices)
     if tiles:  # a 2-D tiling, moved to the owners and back by one all-to-all each way
         unit_s = [None] * len(units)
+    # on a mesh of several Auto axes a leaf's layout is XLA's, unknown at trace time: maybe a 2-D tiling
+    unknown = mesh is not None and not tiles and len(axes) >= 2 and not is_explicit(context_mesh(mesh), axes)
     mats = [
-        _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices)
+        _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices, unknown and sp is None)
         for x, g, sp, (cut, _) in zip(unit_x, unit_g, unit_s, local)
     ]
     if tiles:
@@ -181,7 +183,7 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
     def finish(ortho):
         start, done = 0, {}
         for u, g, sp, (_, join), flip in zip(units, unit_g, unit_s, local, flips):
-            block = _via_one_axis(ortho[start : start + g.num_slices], sp, devices)
+            block = _via_one_axis(ortho[start : start + g.num_slices], sp, devices, unknown and sp is None)
             block = jnp.swapaxes(block, 1, 2) if flip else block
             start += g.num_slices
             factors = [scale_of(members[i][1]) for i in u]  # each leaf's own
@@ -561,12 +563,14 @@ def _wide_to_move(x, g: Geometry, devices: int):
     return jax.lax.optimization_barrier(to_wide(blocks_local(x, g, devices), g))
 
 
-def _via_one_axis(m, spec, devices: int):
+def _via_one_axis(m, spec, devices: int, unknown: bool = False):
     """A wide view ``(slices, m, n)`` of a leaf whose (Explicit) ``spec`` shards it over several mesh
-    axes (FSDP x tensor parallel) resharded with its rows (else columns) over all devices, on its way
-    to or from the owners: XLA's partitioner cannot move a 2-D tiling to the owners' 1-D one directly
-    and would replicate the whole stack instead ("involuntary full rematerialization")."""
-    if len({a for entry in (spec or ()) for a in spec_axes(entry)}) < 2:
+    axes (FSDP x tensor parallel), or whose layout is ``unknown`` (a mesh of several Auto axes),
+    resharded with its rows (else columns) over all devices, on its way to or from the owners: XLA's
+    partitioner cannot move a 2-D tiling to the owners' 1-D one directly and would replicate the
+    whole stack instead ("involuntary full rematerialization"); from a 1-D or replicated layout the
+    step is a local slice."""
+    if not unknown and len({a for entry in (spec or ()) for a in spec_axes(entry)}) < 2:
         return m
     rows = m.shape[1] % devices == 0
     if not rows and m.shape[2] % devices:
