@@ -140,11 +140,11 @@ def tree_shapes(name: str, scan: bool = False):
             top["lm_head"] = {"kernel": (d, vocab)}
     is_shape = lambda s: isinstance(s, tuple)
     geometry: dict = {}
+    matrix = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
     if kind == "moe":  # the expert axis (and, scanned, the layer axis) a batch axis: one matrix per expert
-        geometry[r"/experts/(gate|up|down)$"] = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
+        geometry[r"/experts/(gate|up|down)$"] = matrix
     if scan:
         top["blocks"] = jax.tree.map(lambda s: (blocks, *s), block, is_leaf=is_shape)
-        matrix = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
         if kind == "gpt2":  # first: the first override that matches a path decides it
             geometry[r"^blocks/.*/c_attn/kernel$"] = {**matrix, "fan_out_splits": 3}
         geometry[r"^blocks/.*/kernel$"] = matrix

@@ -164,10 +164,10 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
             return stage_resident(resident, members, xs, scale_of, compute_dtype, coefficients, devices)
     if tiles:  # a 2-D tiling, moved to the owners and back by one all-to-all each way
         unit_s = [None] * len(units)
-    # on a mesh of several Auto axes a leaf's layout is XLA's, unknown at trace time: maybe a 2-D tiling
+    # on a mesh of several Auto axes a leaf's layout is XLA's (no spec: explicit_spec gives None), maybe a 2-D tiling
     unknown = mesh is not None and not tiles and len(axes) >= 2 and not is_explicit(context_mesh(mesh), axes)
     mats = [
-        _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices, unknown and sp is None)
+        _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices, unknown)
         for x, g, sp, (cut, _) in zip(unit_x, unit_g, unit_s, local)
     ]
     if tiles:
@@ -183,7 +183,7 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
     def finish(ortho):
         start, done = 0, {}
         for u, g, sp, (_, join), flip in zip(units, unit_g, unit_s, local, flips):
-            block = _via_one_axis(ortho[start : start + g.num_slices], sp, devices, unknown and sp is None)
+            block = _via_one_axis(ortho[start : start + g.num_slices], sp, devices, unknown)
             block = jnp.swapaxes(block, 1, 2) if flip else block
             start += g.num_slices
             factors = [scale_of(members[i][1]) for i in u]  # each leaf's own
