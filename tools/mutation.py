@@ -88,6 +88,11 @@ TEST_FILES = [
     "tests/test_normuon.py",
     "tests/test_regret.py",
     "tests/test_mutation_survivors.py",
+    "tests/test_mutation_survivors_geometry_walk.py",
+    "tests/test_mutation_survivors_geometry_names.py",
+    "tests/test_mutation_survivors_polar.py",
+    "tests/test_mutation_survivors_transforms.py",
+    "tests/test_mutation_survivors_lab.py",
 ]
 
 PYTEST_ARGS = ["-x", "-qq", "--tb=no", "-rN", "--no-header", "-p", "no:cacheprovider", "-W", "ignore::UserWarning"]
