@@ -15,27 +15,13 @@ from jax.sharding import PartitionSpec as P
 import spectral_optax as so
 from spectral_optax import lab
 from spectral_optax import transfer as st
-from spectral_optax.lab import Model
 from spectral_optax.lab._models import embed_init, loss_for
 from spectral_optax.nn._sharded import gathered_call, rows_sharding
-
 
 # --------------------------------------------------------------------------
 # lab: sweep harness.
 # --------------------------------------------------------------------------
-def _quadratic_family(size):
-    """loss = sum((p - 3)^2) / size from p = 0: SGD has a closed form."""
-
-    def init(key):
-        return {"p": jnp.zeros((size,), jnp.float32)}
-
-    def apply(params, x):
-        return params["p"]
-
-    def loss(params, x, y):
-        return jnp.sum((params["p"] - 3.0) ** 2) / size
-
-    return Model(init, apply, loss)
+from tests.test_sweep import quadratic_family as _quadratic_family
 
 
 def _closed_form_losses(lr, multipliers):
