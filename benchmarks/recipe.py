@@ -21,11 +21,14 @@ context 8), depth not varied. ``--model gpt``: the package's GPT
 horizon and the fitted exponent ``a`` in ``eta* ~ T^-a`` next to the
 published 0.32; the regret of the rule and of the naive transfer.
 ``--study batch``: the batch rule alone, ``B0 -> 4 B0, 16 B0`` at equal tokens
-(fewer steps). ``--study wd``: the weight-decay timescale rule alone, on a
-finite training set (the first ``train_examples`` windows, so that the runs
-take several epochs and decay can matter) and judged on the validation loss.
-At the proxy (``T0`` steps) the LR is tuned without decay, then ``lambda``
-over a grid of timescales ``tau = 1 / (eta lambda)`` at that LR; at ``4 T0``
+(fewer steps). ``--study wd``: the weight-decay timescale rule alone, on
+finite training sets read for the same number of epochs at every horizon
+(the proxy's first ``train_examples`` windows, the target's as many times
+more as it has tokens: the data grows with the run, as in "tune small, train
+on more tokens", and decay can matter), judged on the validation loss. At the
+proxy (``T0`` steps) the LR is tuned without decay on the train loss (as in
+the horizon study), then ``lambda`` over a grid of timescales
+``tau = 1 / (eta lambda)`` at that LR; at ``4 T0``
 and ``16 T0`` (LR by the horizon rule) ``lambda`` is swept again, and the
 rule's ``lambda' = lambda eta T / (eta' T')`` and the naive ``lambda``
 (unchanged) are judged by regret in ``lambda``-grid steps, beside the loss
@@ -149,9 +152,9 @@ MODELS = {
 }
 #: The GPT's context (tokens per sequence) and the MLP's (bytes per example).
 CONTEXT = {"mlp": 8, "gpt": 32}
-#: ``--study wd``: the ``lambda`` grid is centred on the timescale ``tau = T0 / 4`` at the proxy's LR
-#: (``lambda = 4 / (eta T0)``) and spans ``tau / T0`` from 1/32 to 2 in factor-2 steps.
-WD_TAU_FRACTION = 0.25
+#: ``--study wd``: the ``lambda`` grid is centred on the timescale ``tau = T0`` at the proxy's LR
+#: (``lambda = 1 / (eta T0)``) and spans ``tau / T0`` from 1/8 to 8 in factor-2 steps.
+WD_TAU_FRACTION = 1.0
 WD_POINTS = 7
 
 
@@ -203,8 +206,7 @@ class Lab:
             if args.model == "mlp"
             else lab.load("text", context=ctx, sequence=True)
         )
-        if train_examples:
-            self.data = first_examples(self.data, train_examples)
+        self.full_data, self.train_examples = self.data, train_examples
         self.sequence_length = 1 if args.model == "mlp" else ctx
         self.seeds, self.num_lrs, self.progress = seeds, num_lrs, not args.no_progress
         self.results = os.path.join(args.out, "recipe.jsonl")
@@ -217,14 +219,23 @@ class Lab:
             return lab.mlp_family(self.data, vary="width", depth=1, init=init)
         return lab.gpt_family(self.data, vary="width", depth=depth, init=init)
 
-    def sweep(self, name, init, factory, scale, lrs, tag="recipe"):
+    def data_for(self, scale, proxy):
+        """The training set of ``scale``: all of it, or (``--study wd``) the first ``train_examples`` windows
+        times the tokens of ``scale`` over the proxy's, so that every run sees the same number of epochs."""
+        if not self.train_examples:
+            return self.data
+        tokens = (scale.steps * scale.batch_size) / (proxy.steps * proxy.batch_size)
+        return first_examples(self.full_data, round(self.train_examples * tokens))
+
+    def sweep(self, name, init, factory, scale, lrs, tag="recipe", data=None):
+        data = self.data if data is None else data
         with jax_highest():
             res = lab.sweep(
                 self.family_for(init, scale.depth),
                 factory,
                 [scale.width],
                 lrs,
-                self.data,
+                data,
                 steps=scale.steps,
                 batch_size=scale.batch_size,
                 seeds=self.seeds,
@@ -264,9 +275,10 @@ class Lab:
         return out
 
     def weight_decay_study(self, name, init, proxy, targets, center):
-        """On a finite training set (several epochs): the proxy's LR (no decay, validation loss), its best
-        ``lambda`` on a timescale grid, and per target (LR by the horizon rule) the validation regret of the
-        rule's and the naive ``lambda`` on the target's own ``lambda`` sweep, and the loss without decay."""
+        """On finite training sets of a fixed number of epochs (the set grows with the run's tokens): the proxy's
+        LR (no decay, train loss, as the horizon study), its best ``lambda`` on a timescale grid (validation loss),
+        and per target (LR by the horizon rule) the validation regret of the rule's and the naive ``lambda`` on
+        the target's own ``lambda`` sweep, and the loss without decay."""
         val = "val_loss"
 
         def family(init):
@@ -276,15 +288,17 @@ class Lab:
             return lambda lam, n: optimizers(self.model, family, proxy.width, weight_decay=lam)[name][1](lr, n)
 
         no_decay = optimizers(self.model, family, proxy.width, weight_decay=0.0)[name][1]
+        data0 = self.data_for(proxy, proxy)
         grid0 = lab.lr_grid(center, self.num_lrs)
-        runs0 = self.sweep(name, init, no_decay, proxy, grid0, tag="recipe-wd")
-        lr0 = lab.summarize(runs0, metric=val)["best_lr"][proxy.width]
+        runs0 = self.sweep(name, init, no_decay, proxy, grid0, tag="recipe-wd", data=data0)
+        lr0 = lab.summarize(runs0)["best_lr"][proxy.width]
         lam_c = 1.0 / (WD_TAU_FRACTION * lr0 * proxy.steps)
         wgrid0 = lab.lr_grid(lam_c, WD_POINTS)
-        wruns0 = self.sweep(name, init, decayed(lr0), proxy, wgrid0, tag=f"recipe-wd@{lr0:.6g}")
+        tag0 = f"recipe-wd@{lr0:.6g}"
+        wruns0 = self.sweep(name, init, decayed(lr0), proxy, wgrid0, tag=tag0, data=data0)
         s0 = lab.summarize(wruns0, metric=val)
         lam0 = s0["best_lr"][proxy.width]
-        zero0 = self.sweep(name, init, decayed(lr0), proxy, [0.0], tag=f"recipe-wd@{lr0:.6g}")
+        zero0 = self.sweep(name, init, decayed(lr0), proxy, [0.0], tag=tag0, data=data0)
         out = {
             "proxy_lr": lr0,
             "proxy_lambda": lam0,
@@ -292,21 +306,24 @@ class Lab:
             "proxy_best": per_seed_best(wruns0, wgrid0, val),
             "proxy_curve": _curve(wruns0, wgrid0, val),
             "proxy_no_decay": float(np.mean([r[val] for r in zero0])),
+            "proxy_train_examples": data0.num_train,
             "targets": {},
         }
         for label, target in targets.items():
+            data = self.data_for(target, proxy)
             full = st.transfer({"learning_rate": lr0, "weight_decay": lam0}, proxy, target)
             lr1 = full["learning_rate"]
             cand = {"timescale rule": full["weight_decay"], "naive": lam0}
             grid = lab.lr_grid(cand["timescale rule"], WD_POINTS)
             extra = [v for v in cand.values() if not _on(grid, v)]
             tag = f"recipe-wd@{lr1:.6g}"
-            runs = self.sweep(name, init, decayed(lr1), target, grid + extra, tag=tag)
-            zero = self.sweep(name, init, decayed(lr1), target, [0.0], tag=tag)
+            runs = self.sweep(name, init, decayed(lr1), target, grid + extra, tag=tag, data=data)
+            zero = self.sweep(name, init, decayed(lr1), target, [0.0], tag=tag, data=data)
             reg = {v: lab.regret(runs, lam, grid=grid, reference="all", metric=val) for v, lam in cand.items()}
             no_decay_val = float(np.mean([r[val] for r in zero]))
             out["targets"][label] = {
                 "scale": target,
+                "train_examples": data.num_train,
                 "learning_rate": lr1,
                 "transfer": full,
                 "lambda": cand,

@@ -79,7 +79,7 @@ def test_weight_decay_study_rule_and_the_loss_without_decay(tmp_path, monkeypatc
         "adamw_sp"
     ]
     lr0, lam0 = res["proxy_lr"], res["proxy_lambda"]
-    # the proxy's lambda grid is centred on tau = T0 / 4 at the proxy's LR
+    # the proxy's lambda grid is centred on tau = T0 / WD_TAU_FRACTION at the proxy's LR
     assert min(res["proxy_curve"], key=lambda g: abs(math.log(g * lr0 * 5 * recipe.WD_TAU_FRACTION))) == pytest.approx(
         1 / (recipe.WD_TAU_FRACTION * lr0 * 5), rel=1e-9
     )
@@ -96,6 +96,13 @@ def test_weight_decay_study_rule_and_the_loss_without_decay(tmp_path, monkeypatc
     assert len(grid) == recipe.WD_POINTS
     assert t["decay_gain"] == pytest.approx(t["no_decay_loss"] - min(t["curve"][g] for g in grid), abs=1e-9)
     runs = [json.loads(line) for line in open(tmp_path / "recipe.jsonl")]
-    assert {r["data"] for r in runs} == {"text:pydoc[:64]"}
+    # the same number of epochs at every horizon: the target (3 T0, same batch) reads 3x the proxy's windows
+    assert {r["data"] for r in runs} == {"text:pydoc[:64]", "text:pydoc[:192]"}
+    assert {r["data"] for r in runs if r["steps"] == 15} == {"text:pydoc[:192]"}
+    assert res["proxy_train_examples"] == 64 and t["train_examples"] == 192
+    # the proxy's LR: the lowest seed-mean train loss of the no-decay LR sweep
+    lr_runs = [r for r in runs if r["tag"] == "recipe-wd"]
+    assert {r["steps"] for r in lr_runs} == {5} and len(lr_runs) == 3
+    assert min(lr_runs, key=lambda r: r["train_loss"])["lr"] == pytest.approx(lr0, rel=1e-12)
     zero = [r for r in runs if r["lr"] == 0.0 and r["steps"] == 15]
     assert len(zero) == 1 and t["no_decay_loss"] == pytest.approx(zero[0]["val_loss"], abs=1e-9)
