@@ -143,7 +143,7 @@ MODELS = {
                 "multiples": (4,),
                 "num_lrs": 6,
                 "seeds": 2,
-                "train_examples": 512,
+                "train_examples": 8192,
             },
         },
         # gpt_width's centres at width 32 (SP AdamW's best LR is higher at width 32 than at 128)
@@ -493,7 +493,8 @@ def main(argv=None):
         print(f"  ({time.time() - t:.0f} s)", flush=True)
     elapsed = time.time() - t_start
 
-    print(f"\nsummary: regret at the target (nats; grid steps), {len(seeds)} seeds, train loss")
+    metric = "validation loss, grid steps of lambda" if args.study == "wd" else "train loss"
+    print(f"\nsummary: regret at the target (nats; grid steps), {len(seeds)} seeds, {metric}")
     for name, res in results.items():
         for label, t in res["targets"].items():
             print(

@@ -139,6 +139,12 @@ def constants_tag(consts) -> str:
     return "".join(f"/{k}{consts[k]:g}" for k in ("rb", "emb", "bf", "hb", "adam") if consts[k] != DEFAULT_CONSTANTS[k])
 
 
+def constants_for(name: str, readout_base: float, constants: dict | None) -> dict:
+    """The constants of ``name``: :data:`DEFAULT_CONSTANTS`, ``rb`` from ``--readout-base-width``, then
+    ``--constants`` (which wins over both)."""
+    return {**DEFAULT_CONSTANTS, "rb": float(readout_base), **(constants or {}).get(name, {})}
+
+
 def tune_grid(name: str, tied: bool) -> list[dict]:
     """Every combination of :data:`TUNE_GRID` ``[name]`` (``rb`` dropped when untied, ``hb`` when tied)."""
     combos = [dict(DEFAULT_CONSTANTS)]
@@ -299,7 +305,7 @@ def run(
 
         results, summaries, chosen, tuning, todo = {}, {}, {}, {}, []
         for name in optimizers:  # the proxy first, for every optimizer (cheap), then the wider widths
-            consts = dict(DEFAULT_CONSTANTS, rb=float(readout_base), **(constants or {}).get(name, {}))
+            consts = constants_for(name, readout_base, constants)
             center = _center_for(name, model_name, consts, centers)
             if tune and name in TUNE_GRID:
                 rows = []

@@ -74,6 +74,10 @@ def test_tune_grid_constants_tag_and_parse():
         "muon": {"rb": 4.0, "emb": 0.25},
         "moga": {"bf": 5.0},
     }
+    # --constants wins over --readout-base-width (the docstring's "--constants muon:rb=4:emb=4" runs)
+    given = tied_transfer.parse_constants("moga:rb=4:bf=1:adam=1:emb=4")
+    assert tied_transfer.constants_for("moga", 2.0, given) == {"rb": 4.0, "emb": 4.0, "bf": 1.0, "hb": 0.0, "adam": 1.0}
+    assert tied_transfer.constants_for("muon", 2.0, given) == dict(tied_transfer.DEFAULT_CONSTANTS, rb=2.0)
     with pytest.raises(SystemExit, match="KEY one of"):
         tied_transfer.parse_constants("muon:lr=4")
     with pytest.raises(SystemExit, match="unknown optimizer"):
