@@ -57,15 +57,16 @@ def test_tune_grid_constants_tag_and_parse():
     tied = tied_transfer.tune_grid("moga", tied=True)
     untied = tied_transfer.tune_grid("moga", tied=False)
     grid = tied_transfer.TUNE_GRID["moga"]
-    # MOGA's grid: rb x bf x adam on the tied model (hb kept at its default 0), hb x bf x adam untied (rb at 1).
-    assert set(grid) == {"rb", "bf", "adam", "hb"}
-    assert len(tied) == len(grid["rb"]) * len(grid["bf"]) * len(grid["adam"]) == 18
+    # MOGA's grid: rb x bf x adam x emb on the tied model (hb kept at its default 0), hb x bf x adam x emb untied
+    # (rb at 1).
+    assert set(grid) == {"rb", "bf", "adam", "hb", "emb"}
+    assert len(tied) == len(grid["rb"]) * len(grid["bf"]) * len(grid["adam"]) * len(grid["emb"]) == 36
     assert all(c["hb"] == 0.0 for c in tied)
-    assert len(untied) == len(grid["bf"]) * len(grid["adam"]) * len(grid["hb"]) == 6
+    assert len(untied) == len(grid["bf"]) * len(grid["adam"]) * len(grid["hb"]) * len(grid["emb"]) == 12
     assert all(c["rb"] == 1.0 and c["hb"] == 1.0 for c in untied)
-    combos = {(c["rb"], c["bf"], c["adam"]) for c in tied}
-    assert combos == {(r, b, a) for r in grid["rb"] for b in grid["bf"] for a in grid["adam"]}
-    assert all(c["emb"] == 1.0 for c in tied + untied)
+    combos = {(c["rb"], c["bf"], c["adam"], c["emb"]) for c in tied}
+    assert combos == {(r, b, a, e) for r in grid["rb"] for b in grid["bf"] for a in grid["adam"] for e in grid["emb"]}
+    assert {c["emb"] for c in tied} == {1.0, 4.0}
     assert tied_transfer.tune_grid("adamw_sp", tied=True) == [tied_transfer.DEFAULT_CONSTANTS]
     # The resume tag names only what differs from the defaults ("/rb4": the tag of --readout-base-width 4).
     assert tied_transfer.constants_tag(tied_transfer.DEFAULT_CONSTANTS) == ""
