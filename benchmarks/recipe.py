@@ -206,7 +206,7 @@ class Lab:
             if args.model == "mlp"
             else lab.load("text", context=ctx, sequence=True)
         )
-        self.full_data, self.train_examples = self.data, train_examples
+        self.train_examples = train_examples
         self.sequence_length = 1 if args.model == "mlp" else ctx
         self.seeds, self.num_lrs, self.progress = seeds, num_lrs, not args.no_progress
         self.results = os.path.join(args.out, "recipe.jsonl")
@@ -225,7 +225,7 @@ class Lab:
         if not self.train_examples:
             return self.data
         tokens = (scale.steps * scale.batch_size) / (proxy.steps * proxy.batch_size)
-        return first_examples(self.full_data, round(self.train_examples * tokens))
+        return first_examples(self.data, round(self.train_examples * tokens))
 
     def sweep(self, name, init, factory, scale, lrs, tag="recipe", data=None):
         data = self.data if data is None else data

@@ -79,7 +79,7 @@ def test_weight_decay_study_rule_and_the_loss_without_decay(tmp_path, monkeypatc
         "adamw_sp"
     ]
     lr0, lam0 = res["proxy_lr"], res["proxy_lambda"]
-    # the proxy's lambda grid is centred on tau = T0 / WD_TAU_FRACTION at the proxy's LR
+    # the proxy's lambda grid is centred on tau = WD_TAU_FRACTION * T0 at the proxy's LR
     assert min(res["proxy_curve"], key=lambda g: abs(math.log(g * lr0 * 5 * recipe.WD_TAU_FRACTION))) == pytest.approx(
         1 / (recipe.WD_TAU_FRACTION * lr0 * 5), rel=1e-9
     )
