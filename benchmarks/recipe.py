@@ -36,7 +36,12 @@ without decay (what decay gains at that horizon) and the fitted exponent
 ``c`` in ``lambda* ~ T^-c`` (the rule's is ``1 - a = 0.68``).
 
     python -m benchmarks.recipe [--quick] [--model mlp|gpt] [--study recipe|horizon|batch|wd]
-        [--seeds K] [--optimizers a,b] [--json PATH] [--out DIR]
+        [--seeds K] [--optimizers a,b] [--controls off|add|only] [--json PATH] [--out DIR]
+
+``--controls`` (on in the default presets): beside each target wider or
+deeper than the proxy, the same horizon and batch at the proxy's width and
+depth, so that the regret splits into the horizon and batch rules' share and
+the width and depth transfer's.
 
 Runs are appended to ``OUT/recipe.jsonl`` (an interrupted run resumes).
 Outside ``--study wd`` weight decay stays at the optimizers' defaults
@@ -59,7 +64,7 @@ from spectral_optax import lab
 from spectral_optax import transfer as st
 
 #: Per model: presets of the recipe (proxy and targets as (width, depth, steps, batch); LR-grid points (x2);
-#: seeds), the single-rule studies, and the proxy's LR-grid centres.
+#: seeds; ``controls``, see :func:`with_controls`), the single-rule studies, and the proxy's LR-grid centres.
 MODELS = {
     "mlp": {
         "presets": {
@@ -74,6 +79,7 @@ MODELS = {
                 "targets": {"8 T0, 4 B0": (512, 1, 1200, 128), "8 T0, B0": (512, 1, 1200, 32)},
                 "num_lrs": 7,
                 "seeds": 2,
+                "controls": "add",
             },
         },
         "studies": {
@@ -122,6 +128,7 @@ MODELS = {
                 "targets": {"8 T0, B0, 4x width, 2x depth": (128, 4, 640, 8)},
                 "num_lrs": 6,
                 "seeds": 2,
+                "controls": "add",
             },
         },
         "studies": {
@@ -339,6 +346,26 @@ class Lab:
         return out
 
 
+CONTROL_SUFFIX = ", at the proxy's size"
+
+
+def with_controls(proxy, targets, mode, scale):
+    """``targets`` with (``mode='add'``) or replaced by (``'only'``) their controls: per target whose width or
+    depth differs from the proxy's, the target's steps and batch at the proxy's width and depth. The
+    transferred LR is the same (width and depth are the parametrization's), so the control's regret is the
+    horizon and batch rules' alone, and the target's minus the control's is what the width and depth
+    transfer adds."""
+    if mode not in ("off", "add", "only"):
+        raise ValueError(f"controls must be 'off', 'add' or 'only', got {mode!r}")
+    if mode == "off":
+        return dict(targets)
+    out = {} if mode == "only" else dict(targets)
+    for label, t in targets.items():
+        if (t.width, t.depth) != (proxy.width, proxy.depth):
+            out[label + CONTROL_SUFFIX] = scale(proxy.width, proxy.depth, t.steps, t.batch_size)
+    return out
+
+
 def first_examples(data, n):
     """``data`` with its training set cut to the first ``n`` examples (windows of the byte stream), so that
     a run of ``T`` steps at batch ``B`` sees ``T B / n`` epochs; the validation set is unchanged."""
@@ -428,6 +455,14 @@ def main(argv=None):
     p.add_argument("--preset", default=None, choices=("quick", "default"))
     p.add_argument("--optimizers", default=None, help="comma-separated subset of mup_adamw,muon,adamw_sp")
     p.add_argument("--seeds", type=int, default=None)
+    p.add_argument(
+        "--controls",
+        default=None,
+        choices=("off", "add", "only"),
+        help="recipe study: beside each target that is wider or deeper than the proxy, the same steps and batch "
+        "at the proxy's width and depth (the horizon and batch rules' regret alone); 'only': just those "
+        "(default: the preset's)",
+    )
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     preset = args.preset or ("quick" if args.quick else "default")
@@ -438,7 +473,12 @@ def main(argv=None):
 
     if args.study == "recipe":
         proxy = L.scale(*cfg["proxy"])
-        targets = {k: L.scale(*v) for k, v in cfg["targets"].items()}
+        targets = with_controls(
+            proxy,
+            {k: L.scale(*v) for k, v in cfg["targets"].items()},
+            args.controls or cfg.get("controls", "off"),
+            L.scale,
+        )
         variants = {"full recipe": None, "no horizon": {"horizon": None}, "no batch": {"batch": None}, "naive": []}
         axis = None
     else:

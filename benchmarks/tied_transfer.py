@@ -395,6 +395,7 @@ def main(argv=None):
     p.add_argument("--num-lrs", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the preset's)")
     p.add_argument(
         "--readout-base-width",
         type=float,
@@ -415,7 +416,7 @@ def main(argv=None):
     cfg = dict(PRESETS[preset])
     if args.widths:
         cfg["widths"] = [int(w) for w in args.widths.split(",")]
-    for k in ("num_lrs", "steps", "seeds"):
+    for k in ("num_lrs", "steps", "seeds", "batch_size"):
         if getattr(args, k) is not None:
             cfg[k] = getattr(args, k)
     cfg["seeds"] = list(range(cfg["seeds"]))
