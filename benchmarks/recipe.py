@@ -50,6 +50,7 @@ Outside ``--study wd`` weight decay stays at the optimizers' defaults
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -349,7 +350,7 @@ class Lab:
 CONTROL_SUFFIX = ", at the proxy's size"
 
 
-def with_controls(proxy, targets, mode, scale):
+def with_controls(proxy, targets, mode):
     """``targets`` with (``mode='add'``) or replaced by (``'only'``) their controls: per target whose width or
     depth differs from the proxy's, the target's steps and batch at the proxy's width and depth. The
     transferred LR is the same (width and depth are the parametrization's), so the control's regret is the
@@ -362,15 +363,13 @@ def with_controls(proxy, targets, mode, scale):
     out = {} if mode == "only" else dict(targets)
     for label, t in targets.items():
         if (t.width, t.depth) != (proxy.width, proxy.depth):
-            out[label + CONTROL_SUFFIX] = scale(proxy.width, proxy.depth, t.steps, t.batch_size)
+            out[label + CONTROL_SUFFIX] = dataclasses.replace(t, width=proxy.width, depth=proxy.depth)
     return out
 
 
 def first_examples(data, n):
     """``data`` with its training set cut to the first ``n`` examples (windows of the byte stream), so that
     a run of ``T`` steps at batch ``B`` sees ``T B / n`` epochs; the validation set is unchanged."""
-    import dataclasses
-
     if n > data.num_train:
         raise ValueError(f"train_examples={n} is more than the dataset's {data.num_train}")
     (stream,) = data.train
@@ -474,10 +473,7 @@ def main(argv=None):
     if args.study == "recipe":
         proxy = L.scale(*cfg["proxy"])
         targets = with_controls(
-            proxy,
-            {k: L.scale(*v) for k, v in cfg["targets"].items()},
-            args.controls or cfg.get("controls", "off"),
-            L.scale,
+            proxy, {k: L.scale(*v) for k, v in cfg["targets"].items()}, args.controls or cfg.get("controls", "off")
         )
         variants = {"full recipe": None, "no horizon": {"horizon": None}, "no batch": {"batch": None}, "naive": []}
         axis = None

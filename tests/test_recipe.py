@@ -44,20 +44,17 @@ def test_recipe_mlp_and_gpt_account_and_regret(tmp_path, monkeypatch):
         argv = ["--model", model, "--quick", "--optimizers", opt, "--out", str(out), "--no-progress"]
         res = recipe.main(argv + (["--controls", "add"] if model == "mlp" else []))
         r = res[opt]
+        preset = models[model]["presets"]["quick"]
         if model == "mlp":  # the control: the target's steps and batch at the proxy's width, the same LR
             ((label, t), (clabel, c)) = r["targets"].items()
             assert clabel == label + recipe.CONTROL_SUFFIX
-            (w0, k0, _, _), (_, _, tt, bb) = (
-                models[model]["presets"]["quick"]["proxy"],
-                models[model]["presets"]["quick"]["targets"][label],
-            )
+            (w0, k0, _, _), (_, _, tt, bb) = preset["proxy"], preset["targets"][label]
             assert (c["scale"].width, c["scale"].depth, c["scale"].steps, c["scale"].batch_size) == (w0, k0, tt, bb)
             assert c["regret"]["full recipe"]["lr"] == pytest.approx(t["regret"]["full recipe"]["lr"], rel=1e-12)
             _, cruns = _seed_mean_min(out / "recipe.jsonl", name=opt, steps=tt, batch_size=bb, size=w0)
-            assert len(cruns) >= models[model]["presets"]["quick"]["num_lrs"]
+            assert len(cruns) >= preset["num_lrs"]
         else:
             ((label, t),) = r["targets"].items()
-        preset = models[model]["presets"]["quick"]
         (_, _, t0, b0), (w1, k1, t1, b1) = preset["proxy"], preset["targets"][label]
         seq = 1 if model == "mlp" else recipe.CONTEXT["gpt"]
         lr0 = r["proxy_lr"]

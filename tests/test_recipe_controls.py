@@ -19,15 +19,15 @@ def test_controls_keep_horizon_and_batch_at_the_proxys_size():
         "deep": _scale(64, 8, 600, 32),
         "same size": _scale(64, 2, 600, 64),  # no width or depth change: no control
     }
-    added = recipe.with_controls(proxy, targets, "add", _scale)
+    added = recipe.with_controls(proxy, targets, "add")
     assert list(added) == ["wide", "deep", "same size", "wide" + recipe.CONTROL_SUFFIX, "deep" + recipe.CONTROL_SUFFIX]
     assert added["wide" + recipe.CONTROL_SUFFIX] == _scale(64, 2, 1200, 128)
     assert added["deep" + recipe.CONTROL_SUFFIX] == _scale(64, 2, 600, 32)
-    only = recipe.with_controls(proxy, targets, "only", _scale)
+    only = recipe.with_controls(proxy, targets, "only")
     assert list(only) == ["wide" + recipe.CONTROL_SUFFIX, "deep" + recipe.CONTROL_SUFFIX]
-    assert recipe.with_controls(proxy, targets, "off", _scale) == targets
+    assert recipe.with_controls(proxy, targets, "off") == targets
     with pytest.raises(ValueError, match="controls"):
-        recipe.with_controls(proxy, targets, "some", _scale)
+        recipe.with_controls(proxy, targets, "some")
     # the control's transferred LR is the target's: width and depth are the parametrization's, not the recipe's
     lr = st.transfer({"learning_rate": 0.03}, proxy, targets["wide"])["learning_rate"]
     assert st.transfer({"learning_rate": 0.03}, proxy, added["wide" + recipe.CONTROL_SUFFIX])["learning_rate"] == lr
