@@ -74,6 +74,7 @@ OPTIMIZERS = {
     "moga_adam_tables": ("spectral", {"tied": 0.032, "untied": 0.016}),
     "adamw_sp": ("own", {"tied": 0.008, "untied": 0.008}),
     "muon_own": ("own", {"tied": 0.04, "untied": 0.04}),
+    "moga_own": ("own", {"tied": 0.016, "untied": 0.016}),
 }
 DEFAULT_OPTIMIZERS = ("muon", "moga", "mup_adamw", "adamw_sp")
 
@@ -123,8 +124,14 @@ class Decoder(nn.Module):
 #: ``so.route_lr_scale``; for ``muon`` it equals ``adam_learning_rate = emb * lr`` on the tables);
 #: ``bf``: ``moga``'s ``base_factor`` (the hidden matrices' step over the tables' and vectors' sign steps);
 #: ``hb``: ``moga``'s head rule, 0 the published one, 1 ``head_base_width`` = the proxy's width; ``adam``:
-#: ``moga``'s tables, norm scales and biases by Adam (``rules=``, at the same LR) instead of sign steps.
-DEFAULT_CONSTANTS = {"rb": 1.0, "emb": 1.0, "bf": 25.0, "hb": 0.0, "adam": 0.0}
+#: ``moga``'s tables, norm scales and biases by Adam (``rules=``, at the same LR) instead of sign steps;
+#: ``norm``: 1 puts the tables (the tied table, the positions) on their own dual map, every token's row to
+#: RMS 1 after momentum (``muon``'s ``embedding='normalize'``; for ``moga`` a ``rules=`` entry of
+#: ``so.scale_by_fan_out_rms``), the map that the lookup and the row-wise read-out share (docs/math.md,
+#: "Tied embeddings").
+#: ``es``: the tables' init standard deviation (``reinitialize``'s ``embedding_std``: the lookup's Theta(1)
+#: entry size).
+DEFAULT_CONSTANTS = {"rb": 1.0, "emb": 1.0, "bf": 25.0, "hb": 0.0, "adam": 0.0, "norm": 0.0, "es": 1.0}
 #: ``--tune``: the grid of constants tried at the proxy width per optimizer (every combination; ``rb`` only on
 #: the tied model). The LR grid is moved by two points while the proxy's best LR is on its edge.
 TUNE_GRID = {
@@ -136,7 +143,7 @@ TUNE_GRID = {
 
 def constants_tag(consts) -> str:
     """The resume-tag suffix of the constants that differ from :data:`DEFAULT_CONSTANTS`."""
-    return "".join(f"/{k}{consts[k]:g}" for k in ("rb", "emb", "bf", "hb", "adam") if consts[k] != DEFAULT_CONSTANTS[k])
+    return "".join(f"/{k}{consts[k]:g}" for k, v in DEFAULT_CONSTANTS.items() if consts.get(k, v) != v)
 
 
 def constants_for(name: str, readout_base: float, constants: dict | None) -> dict:
@@ -155,12 +162,13 @@ def tune_grid(name: str, tied: bool) -> list[dict]:
     return combos
 
 
-def make_model(d: int, data, *, tied: bool, init: str, readout_base: float = 1.0):
+def make_model(d: int, data, *, tied: bool, init: str, readout_base: float = 1.0, embedding_std: float = 1.0):
     """``(lab.Model, geometry)`` of the decoder at width ``d``.
 
     ``init='own'``: Flax's default init, the model as written. ``'spectral'``:
     ``reinitialize`` from the traced geometry and, when tied, the read-out
-    multiplier ``readout_base / d`` around every apply (:func:`so.initializers.tied_readout`).
+    multiplier ``readout_base / d`` around every apply (:func:`so.initializers.tied_readout`); the tables'
+    entries are ``N(0, embedding_std^2)``.
     """
     module = Decoder(d, data.context, tied=tied)
     x, _ = data.numpy_batch("train", [0])
@@ -173,7 +181,7 @@ def make_model(d: int, data, *, tied: bool, init: str, readout_base: float = 1.0
 
     def init_fn(key):
         k_own, k_new = jax.random.split(key)
-        return so.initializers.reinitialize(k_new, own.init(k_own), geometry)
+        return so.initializers.reinitialize(k_new, own.init(k_own), geometry, embedding_std=embedding_std)
 
     def apply(params, x):
         if mult is None:
@@ -199,15 +207,24 @@ def optimizer_factory(name: str, geometry_at, base, consts=None, proxy_width=Non
             return opt_fn
         return lambda lr, n: optax.chain(opt_fn(lr, n), so.route_lr_scale(embedding=c["emb"], geometry=geometry_at(n)))
 
+    route = "normalize" if c["norm"] else "adamw"
     if name in ("muon", "muon_own"):
-        return tables(lambda lr, n: so.muon(lr, geometry=geometry_at(n)))
-    if name in ("moga", "moga_adam_tables"):
+        return tables(lambda lr, n: so.muon(lr, geometry=geometry_at(n), embedding=route))
+    if name in ("moga", "moga_adam_tables", "moga_own"):
         head = None if not c["hb"] else float(proxy_width)
         # moga_adam_tables, an ablation: Adam, not sign steps, on the tables and the norm scales / biases
         adam = name == "moga_adam_tables" or c["adam"]
-        rules = {r"(embedding|pos_embed|scale|bias)$": "adam"} if adam else None
+        def rules(n):
+            out = {}
+            if c["norm"]:
+                normalize = optax.chain(optax.ema(0.95, debias=False), so.scale_by_fan_out_rms(geometry=geometry_at(n)))
+                out[r"(embedding|pos_embed)$"] = normalize
+            if adam:
+                out[r"(embedding|pos_embed|scale|bias)$"] = "adam"
+            return out or None
+
         return tables(
-            lambda lr, n: so.moga(lr, geometry=geometry_at(n), rules=rules, base_factor=c["bf"], head_base_width=head)
+            lambda lr, n: so.moga(lr, geometry=geometry_at(n), rules=rules(n), base_factor=c["bf"], head_base_width=head)
         )
     if name == "mup_adamw":
         return tables(lambda lr, n: so.mup_adamw(lr, base=base, geometry=geometry_at(n)))
@@ -260,21 +277,22 @@ def run(
         tied = model_name == "tied"
         cache: dict = {}
 
-        def built(d, init, rb, tied=tied, cache=cache):
-            if (d, init, rb) not in cache:
-                cache[d, init, rb] = make_model(d, data, tied=tied, init=init, readout_base=rb)
-            return cache[d, init, rb]
+        def built(d, init, rb, es=1.0, tied=tied, cache=cache):
+            if (d, init, rb, es) not in cache:
+                cache[d, init, rb, es] = make_model(d, data, tied=tied, init=init, readout_base=rb, embedding_std=es)
+            return cache[d, init, rb, es]
 
         base = built(widths[0], "spectral", 1.0)[0].shapes()
 
         def sweep(name, consts, ws, center, model_name=model_name, built=built, base=base):
             init = OPTIMIZERS[name][0]
             rb = consts["rb"] if (tied and init == "spectral") else 1.0
+            es = consts["es"] if init == "spectral" else 1.0
             factory = optimizer_factory(
-                name, lambda d: built(d, init, rb)[1], base, consts=consts, proxy_width=widths[0]
+                name, lambda d: built(d, init, rb, es)[1], base, consts=consts, proxy_width=widths[0]
             )
             return lab.sweep(
-                lambda d: built(d, init, rb)[0],
+                lambda d: built(d, init, rb, es)[0],
                 factory,
                 ws,
                 lab.lr_grid(center, num_lrs),

@@ -77,7 +77,15 @@ def test_tune_grid_constants_tag_and_parse():
     }
     # --constants wins over --readout-base-width (the docstring's "--constants muon:rb=4:emb=4" runs)
     given = tied_transfer.parse_constants("moga:rb=4:bf=1:adam=1:emb=4")
-    assert tied_transfer.constants_for("moga", 2.0, given) == {"rb": 4.0, "emb": 4.0, "bf": 1.0, "hb": 0.0, "adam": 1.0}
+    assert tied_transfer.constants_for("moga", 2.0, given) == {
+        "rb": 4.0,
+        "emb": 4.0,
+        "bf": 1.0,
+        "hb": 0.0,
+        "adam": 1.0,
+        "norm": 0.0,
+        "es": 1.0,
+    }
     assert tied_transfer.constants_for("muon", 2.0, given) == dict(tied_transfer.DEFAULT_CONSTANTS, rb=2.0)
     with pytest.raises(SystemExit, match="KEY one of"):
         tied_transfer.parse_constants("muon:lr=4")
@@ -153,3 +161,38 @@ def test_tune_picks_the_proxy_best_and_transfers_with_it(tmp_path, monkeypatch):
     s = report["tied"]["summary"]["muon"]
     assert s["loss_at_best"][16] == pytest.approx(best["loss"])  # the proxy's runs reused, not redrawn
     assert sorted(s["loss_at_best"]) == [16, 32]
+
+
+def test_es_sets_the_tables_init_std_only():
+    # es = 0.25: the tied table's and the positions' entries are N(0, 0.25^2) (sample std of 256 x 16 and 8 x 16
+    # entries, within 4 standard errors), the matrices are drawn as at es = 1.
+    data = lab.load("text", context=8, sequence=True)
+    ref = tied_transfer.make_model(16, data, tied=True, init="spectral")[0].init(jax.random.key(0))
+    small = tied_transfer.make_model(16, data, tied=True, init="spectral", embedding_std=0.25)[0].init(
+        jax.random.key(0)
+    )
+    for table, n in (("embed", 256 * 16), ("pos_embed", 8 * 16)):
+        x = np.asarray(small[table]["embedding"] if table == "embed" else small[table], np.float64)
+        assert abs(x.std() - 0.25) < 4 * 0.25 / math.sqrt(2 * n)
+    np.testing.assert_array_equal(small["block_0"]["mlp_in"]["kernel"], ref["block_0"]["mlp_in"]["kernel"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["muon", "moga"])
+def test_norm_puts_every_table_row_at_rms_lr(name):
+    # norm = 1: after momentum, every row of the tied table and of the positions is scaled to RMS 1. The first
+    # momentum is a multiple of the gradient, so the first update's row is -lr * emb * g_row / RMS(g_row)
+    # (reference in float64 NumPy from the gradient; a sign or Adam step is not parallel to g_row). The hidden
+    # kernels' updates are those of norm = 0.
+    ref = _one_update(name, {})
+    flat = jax.tree_util.tree_flatten_with_path(_setup()[3])[0]
+    grads = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v, np.float64) for path, v in flat}
+    for emb in (1.0, 4.0):
+        upd = _one_update(name, {"norm": 1.0, "emb": emb})
+        for p in TABLES:
+            g = grads[p].reshape(-1, grads[p].shape[-1])
+            want = -0.01 * emb * g / np.sqrt(np.mean(g**2, axis=-1, keepdims=True))
+            np.testing.assert_allclose(upd[p].reshape(g.shape), want, rtol=1e-4, atol=1e-9)
+        for p in ref:
+            if p.endswith("kernel"):
+                np.testing.assert_allclose(upd[p], ref[p], rtol=1e-5, atol=1e-12)
