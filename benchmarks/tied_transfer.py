@@ -18,14 +18,15 @@ the model as a user who cannot edit it would: params redrawn by
 and, for the tied table, the read-out multiplier ``1 / d`` applied by
 ``so.initializers.tied_readout`` (docs/math.md, "Tied embeddings"); the
 baseline ``adamw_sp`` is ``optax.adamw`` on the model's own (Flax default)
-init, ``muon_own`` Muon on the model's own init (no reinitialize, no
-multiplier), ``moga_adam_tables`` an ablation (MOGA with Adam instead of sign
+init, ``muon_own`` / ``moga_own`` Muon / MOGA (as published) on the model's
+own init (no reinitialize, no multiplier: the model left alone), ``moga_adam_tables`` an ablation (MOGA with Adam instead of sign
 steps on the tables, norm scales and biases). ``--readout-base-width c``
 sets the tied multiplier to ``c / d`` (muP's ``output_mult``; default 1).
 
 ``--tune`` is muTransfer's procedure for the parametrization's Theta(1)
 constants (:data:`DEFAULT_CONSTANTS`: the read-out's ``c``, the tables' LR
-multiplier, MOGA's ``base_factor``, its head rule and Adam-or-sign tables):
+multiplier and init standard deviation, MOGA's ``base_factor``, its head rule
+and Adam-or-sign tables):
 every combination of :data:`TUNE_GRID` is swept at the proxy width only (its
 LR grid moved off an edge), the one with the lowest proxy loss is kept, and
 the LR is transferred with it fixed. ``--constants`` fixes them by hand.
@@ -135,7 +136,7 @@ DEFAULT_CONSTANTS = {"rb": 1.0, "emb": 1.0, "bf": 25.0, "hb": 0.0, "adam": 0.0, 
 #: ``--tune``: the grid of constants tried at the proxy width per optimizer (every combination; ``rb`` only on
 #: the tied model). The LR grid is moved by two points while the proxy's best LR is on its edge.
 TUNE_GRID = {
-    "muon": {"rb": (1.0, 4.0), "emb": (1.0, 4.0)},
+    "muon": {"rb": (1.0, 4.0), "emb": (1.0, 4.0), "es": (1.0, 0.25)},
     "mup_adamw": {"rb": (1.0, 4.0, 16.0), "emb": (1.0, 4.0, 16.0, 64.0)},
     "moga": {"rb": (1.0, 4.0, 16.0), "bf": (25.0, 5.0, 1.0), "adam": (0.0, 1.0), "hb": (1.0,), "emb": (1.0, 4.0)},
 }
