@@ -19,8 +19,9 @@ and, for the tied table, the read-out multiplier ``1 / d`` applied by
 ``so.initializers.tied_readout`` (docs/math.md, "Tied embeddings"); the
 baseline ``adamw_sp`` is ``optax.adamw`` on the model's own (Flax default)
 init, ``muon_own`` / ``moga_own`` Muon / MOGA (as published) on the model's
-own init (no reinitialize, no multiplier: the model left alone), ``moga_adam_tables`` an ablation (MOGA with Adam instead of sign
-steps on the tables, norm scales and biases). ``--readout-base-width c``
+own init (no reinitialize, no multiplier: the model left alone),
+``moga_adam_tables`` an ablation (MOGA with Adam instead of sign steps on the
+tables, norm scales and biases). ``--readout-base-width c``
 sets the tied multiplier to ``c / d`` (muP's ``output_mult``; default 1).
 
 ``--tune`` is muTransfer's procedure for the parametrization's Theta(1)
@@ -215,6 +216,7 @@ def optimizer_factory(name: str, geometry_at, base, consts=None, proxy_width=Non
         head = None if not c["hb"] else float(proxy_width)
         # moga_adam_tables, an ablation: Adam, not sign steps, on the tables and the norm scales / biases
         adam = name == "moga_adam_tables" or c["adam"]
+
         def rules(n):
             out = {}
             if c["norm"]:
@@ -225,7 +227,9 @@ def optimizer_factory(name: str, geometry_at, base, consts=None, proxy_width=Non
             return out or None
 
         return tables(
-            lambda lr, n: so.moga(lr, geometry=geometry_at(n), rules=rules(n), base_factor=c["bf"], head_base_width=head)
+            lambda lr, n: so.moga(
+                lr, geometry=geometry_at(n), rules=rules(n), base_factor=c["bf"], head_base_width=head
+            )
         )
     if name == "mup_adamw":
         return tables(lambda lr, n: so.mup_adamw(lr, base=base, geometry=geometry_at(n)))
