@@ -209,8 +209,8 @@ def optimizer_factory(name: str, geometry_at, base, consts=None, proxy_width=Non
             return opt_fn
         return lambda lr, n: optax.chain(opt_fn(lr, n), so.route_lr_scale(embedding=c["emb"], geometry=geometry_at(n)))
 
-    route = "normalize" if c["norm"] else "adamw"
     if name in ("muon", "muon_own"):
+        route = "normalize" if c["norm"] else "adamw"
         return tables(lambda lr, n: so.muon(lr, geometry=geometry_at(n), embedding=route))
     if name in ("moga", "moga_adam_tables", "moga_own"):
         head = None if not c["hb"] else float(proxy_width)

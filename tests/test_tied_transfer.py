@@ -106,7 +106,12 @@ def _one_update(name, consts, d=16):
     model, geometry, params, grads = _setup(d)
     opt = tied_transfer.optimizer_factory(name, lambda n: geometry, model.shapes(), consts=consts)(0.01, d)
     updates, _ = opt.update(grads, opt.init(params), params)
-    flat = jax.tree_util.tree_flatten_with_path(updates)[0]
+    return _by_path(updates)
+
+
+def _by_path(tree):
+    """``{'/'-joined path: float64 array}`` of a parameter-shaped tree."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v, np.float64) for path, v in flat}
 
 
@@ -171,9 +176,8 @@ def test_es_sets_the_tables_init_std_only():
     small = tied_transfer.make_model(16, data, tied=True, init="spectral", embedding_std=0.25)[0].init(
         jax.random.key(0)
     )
-    for table, n in (("embed", 256 * 16), ("pos_embed", 8 * 16)):
-        x = np.asarray(small[table]["embedding"] if table == "embed" else small[table], np.float64)
-        assert abs(x.std() - 0.25) < 4 * 0.25 / math.sqrt(2 * n)
+    for table, n in ((small["embed"]["embedding"], 256 * 16), (small["pos_embed"], 8 * 16)):
+        assert abs(np.asarray(table, np.float64).std() - 0.25) < 4 * 0.25 / math.sqrt(2 * n)
     np.testing.assert_array_equal(small["block_0"]["mlp_in"]["kernel"], ref["block_0"]["mlp_in"]["kernel"])
 
 
@@ -185,8 +189,7 @@ def test_norm_puts_every_table_row_at_rms_lr(name):
     # (reference in float64 NumPy from the gradient; a sign or Adam step is not parallel to g_row). The hidden
     # kernels' updates are those of norm = 0.
     ref = _one_update(name, {})
-    flat = jax.tree_util.tree_flatten_with_path(_setup()[3])[0]
-    grads = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v, np.float64) for path, v in flat}
+    grads = _by_path(_setup()[3])
     for emb in (1.0, 4.0):
         upd = _one_update(name, {"norm": 1.0, "emb": emb})
         for p in TABLES:
