@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from spectral_optax._distributed.mesh import on_auto_axes
+from spectral_optax._mesh.layout import on_auto_axes
 
 
 def compute_dtype(x):

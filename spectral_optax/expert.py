@@ -26,7 +26,6 @@ compose their own or inspect what a default chose:
 from __future__ import annotations
 
 from spectral_optax._depth import BLOCK_PATTERN, BRANCH_OUT_PATTERN, depth_lr_multiplier, scale_init
-from spectral_optax._distributed.collectives import psum_symmetric
 from spectral_optax._distributed.plan import GroupPlan, OrthogonalizationPlan
 from spectral_optax._duals.polar import (
     MUON_QUINTIC,
@@ -40,6 +39,7 @@ from spectral_optax._duals.polar import (
 )
 from spectral_optax._duals.row_column import column_normalize, lp_dual_direction, row_normalize
 from spectral_optax._geometry import from_matrix, infer_geometry, label_by_geometry, map_with_geometry, to_matrix
+from spectral_optax._mesh.collectives import psum_symmetric
 from spectral_optax._optimizers.moga import MOGA_RULES, moga_labels
 from spectral_optax._optimizers.muon import MUON_ROUTES
 from spectral_optax._transforms.momentum import EmaMomentumState

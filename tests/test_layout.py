@@ -22,11 +22,11 @@ MAX_LINES = 600
 #: distributed plan -> transforms -> named optimizers; the public modules beside one another above them; the
 #: root's public API above those; ``nn`` and ``lab`` on top.
 RANKS = {
-    # helpers that depend on nothing in the package
-    "_numerics": -1,  # overflow-safe norms, power iteration
+    # the lowest package: mesh and layout helpers and the symmetric psum; imports nothing of the package
+    "_mesh": -2,
+    # helpers over it
+    "_numerics": -1,  # overflow-safe norms, power iteration (reads the auto axes from _mesh)
     "_callables": -1,  # signature checks of user callables
-    "_distributed.mesh": -1,  # mesh and layout helpers (_numerics reads the auto axes)
-    "_distributed.collectives": -1,  # symmetric psum (the Newton-Schulz iteration sums sharded Grams with it)
     # what a parameter is
     "_geometry": 0,
     # dual maps on (slices, d_in, d_out)
@@ -163,6 +163,34 @@ def test_imports_form_a_dag():
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+def package_graph(graph: dict[str, set[str]], package: str = PACKAGE) -> dict[str, set[str]]:
+    """The import graph one level below the root: every module counts as its top-level package (or module)
+    below ``package``; edges inside one unit are dropped. The root's ``__init__`` (the public API, which
+    re-exports the submodules above it) is left out: it is the one module that sits above some of its own
+    subpackages."""
+    unit = lambda m: ".".join(m.split(".")[:2])
+    out: dict[str, set[str]] = {}
+    for a, bs in graph.items():
+        if a == package:
+            continue
+        out.setdefault(unit(a), set()).update(unit(b) for b in bs if unit(b) != unit(a) and b != package)
+    return out
+
+
+def test_packages_form_a_dag():
+    """Not only the modules: the packages (``_mesh``, ``_geometry``, ``_duals``, ``_distributed``, ...) form a DAG,
+    so no package needs another that needs it back."""
+    cycle = find_cycle(package_graph(import_graph()))
+    assert cycle is None, "package-level import cycle: " + " -> ".join(cycle or [])
+
+
+def test_mesh_package_imports_nothing_of_the_package():
+    graph = import_graph()
+    bad = {m: deps for m, deps in graph.items() if m.startswith(f"{PACKAGE}._mesh") and
+           any(not d.startswith(f"{PACKAGE}._mesh") for d in deps)}
+    assert not bad, bad
+
+
 def test_no_function_level_import_of_a_sibling_in_geometry():
     """Inside the geometry package a function-level import is only for Flax (kept off ``import spectral_optax``)."""
     bad = []
@@ -258,6 +286,28 @@ def test_checks_fail_on_a_scratch_package(tmp_path):
     ]
     del graph["pkg.low.b"]  # without b's import of a: no cycle
     assert find_cycle(graph) is None
+
+
+def test_package_graph_finds_a_cycle_between_packages(tmp_path):
+    """Two packages whose modules import each other without a module-level cycle (a.x -> b.y, b.z -> a.w)
+    form a package-level cycle."""
+    root = _write(
+        tmp_path / "pkg",
+        {
+            "__init__.py": "from pkg import a, b\n",
+            "a/__init__.py": "",
+            "a/x.py": "from pkg.b import y\n",
+            "a/w.py": "",
+            "b/__init__.py": "",
+            "b/y.py": "",
+            "b/z.py": "from pkg.a import w\n",
+        },
+    )
+    graph = import_graph(root, "pkg")
+    assert find_cycle(graph) is None  # no module-level cycle
+    packages = package_graph(graph, "pkg")
+    assert packages == {"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}}
+    assert find_cycle(packages) == ["pkg.a", "pkg.b", "pkg.a"]
 
 
 def test_geometry_modules_at_most_600_lines():

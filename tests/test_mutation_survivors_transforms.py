@@ -1,4 +1,4 @@
-"""Tests written for the mutants that survived mutation testing of spectral_optax/_distributed/mesh.py,
+"""Tests written for the mutants that survived mutation testing of spectral_optax/_mesh/layout.py,
 _transforms/*.py, _optimizers/*.py, initializers.py, _depth.py and __init__.py (see docs/reliability.md,
 "Mutation testing").
 
@@ -19,8 +19,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spectral_optax as so
-from spectral_optax._distributed import mesh as mesh_lib
 from spectral_optax._geometry import Geometry
+from spectral_optax._mesh import layout as mesh_lib
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 

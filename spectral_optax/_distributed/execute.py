@@ -36,11 +36,11 @@ import numpy as np
 from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
-from spectral_optax._distributed.mesh import blocks_local, context_mesh, is_explicit, mesh_order, spec_axes
 from spectral_optax._distributed.plan import columns_multiple
 from spectral_optax._distributed.resident import resident_axes, stage_resident
 from spectral_optax._distributed.wide import from_wide, move_dtype, to_wide
 from spectral_optax._geometry import Geometry, from_matrix, to_matrix
+from spectral_optax._mesh.layout import blocks_local, context_mesh, is_explicit, mesh_order, spec_axes
 
 __all__ = ["run_plan"]
 
@@ -554,7 +554,7 @@ def _wide_to_move(x, g: Geometry, devices: int):
     """The wide view of a leaf about to be moved to its owners; with fused fan-out blocks
     (``fan_out_splits > 1``, QKV) that :func:`_fused_local` cannot cut (no batch or fan-in axis
     divisible by the devices) cut where XLA makes them local
-    (:func:`~spectral_optax._distributed.mesh.blocks_local`) and materialized (``optimization_barrier``):
+    (:func:`~spectral_optax._mesh.layout.blocks_local`) and materialized (``optimization_barrier``):
     XLA's CPU backend otherwise fuses the block transposition into the all-to-all and fails its
     own verifier (GPT-2 XL ``c_attn`` on 64 devices: "all-to-all has operands with different
     shapes")."""

@@ -17,8 +17,8 @@ import numpy as np
 from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
-from spectral_optax._distributed.mesh import context_mesh, mesh_order, spec_axes
 from spectral_optax._distributed.wide import from_wide, move_dtype, to_wide
+from spectral_optax._mesh.layout import context_mesh, mesh_order, spec_axes
 
 __all__ = ["resident_axes", "stage_resident"]
 

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spectral_optax._distributed.mesh import keeping_layout
 from spectral_optax._geometry import Geometry, GeometryMap, label_by_geometry, path_str
+from spectral_optax._mesh.layout import keeping_layout
 
 __all__ = ["geometry_partition", "train_float_leaves"]
 
@@ -109,7 +109,7 @@ def train_float_leaves(
     geometry that matches no parameter path is rejected (a
     :class:`~spectral_optax.GeometryError` listing the paths) the first time
     the tree is seen. On an ``Auto`` mesh the updates keep the gradients' layout
-    (:func:`~spectral_optax._distributed.mesh.keeping_layout`).
+    (:func:`~spectral_optax._mesh.layout.keeping_layout`).
     """
     inner = optax.partition({"train": tx, "frozen": _zero_update()}, lambda params: _trainable_labels(params, gmap))
 

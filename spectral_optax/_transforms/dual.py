@@ -13,7 +13,14 @@ from collections.abc import Callable
 import jax
 import optax
 
-from spectral_optax._distributed.mesh import (
+from spectral_optax._geometry import (
+    GeometryLike,
+    as_geometry_map,
+    from_matrix,
+    map_with_geometry,
+    to_matrix,
+)
+from spectral_optax._mesh.layout import (
     AxisName,
     aval_mesh,
     blocks_local,
@@ -23,22 +30,15 @@ from spectral_optax._distributed.mesh import (
     manual_axes,
     mesh_size,
 )
-from spectral_optax._geometry import (
-    GeometryLike,
-    as_geometry_map,
-    from_matrix,
-    map_with_geometry,
-    to_matrix,
-)
 
 
 def on_canonical_view(fn: Callable, g, u, *extras):
     """``fn(to_matrix(u, g), *extras)`` ``-> (matrix, *new_extras)``, the matrix written back in
     ``u``'s shape: ``(leaf, *new_extras)``. On ``Explicit`` meshes under ``auto_axes``
-    (:func:`~spectral_optax._distributed.mesh.keeping_specs`: reshapes of sharded axes, the
+    (:func:`~spectral_optax._mesh.layout.keeping_specs`: reshapes of sharded axes, the
     fused-block cut of a QKV leaf, are XLA's to partition), the leaf in ``u``'s
     ``PartitionSpec``; fused blocks are cut and joined where they are local
-    (:func:`~spectral_optax._distributed.mesh.blocks_local`). ``extras`` (small state, e.g. power
+    (:func:`~spectral_optax._mesh.layout.blocks_local`). ``extras`` (small state, e.g. power
     iteration vectors) are replicated."""
     mesh = aval_mesh(u)
     n = mesh_size(mesh, distribution_axes(mesh)) if mesh is not None and not manual_axes(mesh) else 1
@@ -55,7 +55,7 @@ def dual_map_transform(
 ) -> optax.GradientTransformationExtraArgs:
     """A stateless ``GradientTransformation`` applying ``dual`` per leaf on the canonical view.
 
-    ``axis_name`` (inside ``shard_map`` / ``pmap``): see ``spectral_optax._distributed.mesh.gathered``."""
+    ``axis_name`` (inside ``shard_map`` / ``pmap``): see ``spectral_optax._mesh.layout.gathered``."""
     gmap = as_geometry_map(geometry)
 
     def leaf(g, u):

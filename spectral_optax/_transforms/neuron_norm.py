@@ -26,12 +26,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spectral_optax._distributed.mesh import replicated_on_mesh_of
 from spectral_optax._geometry import (
     GeometryLike,
     as_geometry_map,
     path_str,
 )
+from spectral_optax._mesh.layout import replicated_on_mesh_of
 from spectral_optax._transforms.dual import on_canonical_view
 from spectral_optax._transforms.orthogonalize import orthogonal_update_scale
 

@@ -39,16 +39,6 @@ import numpy as np
 import optax
 
 from spectral_optax._distributed.execute import run_plan
-from spectral_optax._distributed.mesh import (
-    AxisName,
-    aval_mesh,
-    distribution_axes,
-    explicit_spec,
-    gathered,
-    keeping_specs,
-    manual_axes,
-    mesh_size,
-)
 from spectral_optax._distributed.plan import OrthogonalizationPlan, default_flops_per_byte, pack_groups, plan_group
 from spectral_optax._distributed.wide import from_wide, to_wide
 from spectral_optax._duals.polar import (
@@ -67,6 +57,16 @@ from spectral_optax._geometry import (
     GeometryLike,
     as_geometry_map,
     path_str,
+)
+from spectral_optax._mesh.layout import (
+    AxisName,
+    aval_mesh,
+    distribution_axes,
+    explicit_spec,
+    gathered,
+    keeping_specs,
+    manual_axes,
+    mesh_size,
 )
 
 SCALES = ("spectral", "muon", "rms")

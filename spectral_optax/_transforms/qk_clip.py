@@ -45,8 +45,8 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spectral_optax._distributed.mesh import aval_mesh, is_explicit, keeping_layout, on_auto_axes
 from spectral_optax._geometry import Geometry, GeometryLike, as_geometry_map, path_str, to_matrix
+from spectral_optax._mesh.layout import aval_mesh, is_explicit, keeping_layout, on_auto_axes
 
 __all__ = ["qk_clip", "attention_max_logits", "collect_max_logits", "qk_logit_bound", "AttentionSpec"]
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import optax
 
-from spectral_optax._distributed.mesh import AxisName
 from spectral_optax._duals.row_column import (
     check_p,
     check_q,
@@ -23,6 +22,7 @@ from spectral_optax._duals.row_column import (
     row_direction,
 )
 from spectral_optax._geometry import GeometryLike
+from spectral_optax._mesh.layout import AxisName
 from spectral_optax._transforms.dual import dual_map_transform
 
 __all__ = ["scale_by_column_norm", "scale_by_row_norm", "scale_by_sign"]

@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spectral_optax._distributed.mesh import AxisName, gathered, replicated_on_mesh_of
 from spectral_optax._duals.embedding import normalize_fan_out_rms
 from spectral_optax._duals.spectral import frobenius_normalize, spectral_normalize_power
 from spectral_optax._geometry import (
@@ -35,6 +34,7 @@ from spectral_optax._geometry import (
     as_geometry_map,
     map_with_geometry,
 )
+from spectral_optax._mesh.layout import AxisName, gathered, replicated_on_mesh_of
 from spectral_optax._transforms.dual import dual_map_transform, on_canonical_view
 
 METHODS = ("frobenius", "power")

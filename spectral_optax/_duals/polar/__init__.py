@@ -17,7 +17,7 @@ The package, one idea per module:
   (:func:`~spectral_optax.newton_schulz`).
 
 The Gram all-reduce of a matrix split over devices is
-:func:`spectral_optax._distributed.collectives.psum_symmetric`.
+:func:`spectral_optax._mesh.collectives.psum_symmetric`.
 """
 
 from __future__ import annotations

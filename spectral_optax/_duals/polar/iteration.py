@@ -20,7 +20,7 @@ Frobenius norm, the Schatten-4 norm, AOL's diagonal or a power-iteration estimat
 largest singular value (:func:`_precondition`; docs/math.md, "Orthogonalization at fewer
 flops"). With ``axis_name`` (inside ``shard_map``) a matrix split along its long side is
 iterated block by block, its Gram matrix summed over the devices every step
-(:func:`~spectral_optax._distributed.collectives.psum_symmetric`).
+(:func:`~spectral_optax._mesh.collectives.psum_symmetric`).
 
 References:
   Jordan et al. (2024), Muon; Amsel et al. (2025), The Polar Express;
@@ -37,7 +37,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from spectral_optax._distributed.collectives import psum_symmetric
 from spectral_optax._duals.polar.coefficients import POWER_SAFETY, Coefficients
 from spectral_optax._duals.polar.policy import (
     POWER_ITERATIONS,
@@ -52,6 +51,7 @@ from spectral_optax._duals.polar.policy import (
     resolve_precision,
     user_function_dtype,
 )
+from spectral_optax._mesh.collectives import psum_symmetric
 
 __all__ = ["POWER_GUARD", "newton_schulz"]
 

@@ -308,7 +308,7 @@ def mesh_size(mesh, axes: Sequence[str]) -> int:
 
 
 def context_mesh(mesh):
-    """The context mesh when one is set (inside :func:`~spectral_optax._distributed.mesh.keeping_specs`
+    """The context mesh when one is set (inside :func:`~spectral_optax._mesh.layout.keeping_specs`
     its axes are ``Auto``), else ``mesh`` (the leaves' own), for ``shard_map``."""
     context = jax.sharding.get_abstract_mesh()
     return mesh if context.empty else context
