@@ -42,10 +42,10 @@ from spectral_optax._geometry import (
     as_geometry_map,
     init_with_geometry,
 )
-
 # Named optimizers.
+from spectral_optax._optimizers.contrib import contrib_muon
 from spectral_optax._optimizers.moga import moga, rescaled_adamw
-from spectral_optax._optimizers.muon import contrib_muon, muon
+from spectral_optax._optimizers.muon import muon
 from spectral_optax._optimizers.mup import mup_adamw, mup_sgd, spectral_sgd
 from spectral_optax._optimizers.normuon import normuon
 

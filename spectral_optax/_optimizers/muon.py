@@ -41,7 +41,6 @@ from spectral_optax._geometry import (
     KINDS,
     Geometry,
     GeometryLike,
-    GeometryMap,
     as_geometry_map,
 )
 from spectral_optax._optimizers.common import geometry_partition, train_float_leaves
@@ -53,7 +52,7 @@ from spectral_optax._transforms.weight_decay import (
     decay_then_learning_rate,
 )
 
-__all__ = ["MUON_ROUTES", "contrib_muon", "muon"]
+__all__ = ["MUON_ROUTES", "muon"]
 
 #: Built-in routes of :func:`~spectral_optax.muon` (values of ``embedding=``, ``vector=``, ``output=``).
 MUON_ROUTES = ("muon", "adamw", "normalize")
@@ -266,111 +265,3 @@ def muon(
         )
     )
     return train_float_leaves(geometry_partition(table, route_of, gmap, split=split), gmap)
-
-
-def _contrib_geometry(path: str, shape: tuple[int, ...]) -> Geometry:
-    """``optax.contrib.muon``'s rule: 2-D leaves are ``(d_in, d_out)`` matrices, others element-wise."""
-    del path
-    return Geometry.matrix(shape) if len(shape) == 2 else Geometry.elementwise(shape)
-
-
-def contrib_muon(
-    learning_rate: optax.ScalarOrSchedule,
-    ns_steps: int = 5,
-    beta: float = 0.95,
-    eps: float = 1e-8,
-    weight_decay: float = 0.0,
-    weight_decay_mask: Any = None,
-    mu_dtype: Any = None,
-    *,
-    nesterov: bool = True,
-    adam_b1: float = 0.9,
-    adam_b2: float = 0.999,
-    adam_eps_root: float = 0.0,
-    adam_weight_decay: float = 0.0,
-    adam_learning_rate: optax.ScalarOrSchedule | None = None,
-    consistent_rms: float | None = None,
-) -> optax.GradientTransformationExtraArgs:
-    """The update of ``optax.contrib.muon`` (default preconditioning), built from :func:`~spectral_optax.muon`.
-
-    Same arguments and defaults as ``optax.contrib.muon`` (``ns_coeffs`` fixed
-    to Muon's quintic), and the same update: every 2-D leaf is a ``(d_in,
-    d_out)`` matrix whatever its name (no geometry inference), every other
-    leaf gets AdamW (with ``eps``, ``nesterov`` and ``adam_*``); the
-    momentum is bias-corrected in contrib's Nesterov form; the orthogonalized
-    step is scaled by ``sqrt(max(1, d_out / d_in))`` (``scale='muon'``), or
-    by ``consistent_rms * sqrt(max(d_in, d_out))`` when given; then
-    ``weight_decay`` and ``-learning_rate``. It is :func:`~spectral_optax.muon` with
-    ``scale='muon', bias_correction=True, adam_nesterov=nesterov,
-    output='muon', elementwise='adamw', ns_method='standard',
-    compute_dtype=float32`` and the geometry above. Matches contrib's update
-    to ~1e-6 relative in float32 (tested to 1e-5 over several steps); contrib
-    adds ``eps`` to the Frobenius norm before Newton-Schulz, this does not.
-
-    One difference: a ``weight_decay_mask`` given here applies to both routes
-    (contrib applies it to the Muon leaves only); ``None`` decays every leaf,
-    as contrib does with ``weight_decay`` / ``adam_weight_decay``.
-
-    Args:
-      learning_rate: learning rate or schedule of the Muon route (and of the
-        AdamW route unless ``adam_learning_rate`` is given).
-      ns_steps: number of Newton-Schulz iterations (Muon's quintic
-        coefficients at every step).
-      beta: EMA momentum coefficient of the Muon route (the AdamW route uses
-        ``adam_b1``).
-      eps: Adam's epsilon, added to the square root of the second moment on
-        the AdamW route (not used on the Muon route, see above).
-      weight_decay: decoupled weight decay of the Muon route (multiplied by
-        the learning rate).
-      weight_decay_mask: optax mask (tree or callable) for both routes;
-        ``None``: every leaf.
-      mu_dtype: dtype of the momentum buffers (default: the param's dtype).
-      nesterov: Nesterov form of the momentum on both routes.
-      adam_b1: AdamW route's first-moment EMA decay rate.
-      adam_b2: AdamW route's second-moment EMA decay rate.
-      adam_eps_root: AdamW route's epsilon inside the square root.
-      adam_weight_decay: AdamW route's decoupled weight decay (multiplied by
-        its learning rate).
-      adam_learning_rate: AdamW route's learning rate or schedule (default:
-        ``learning_rate``).
-      consistent_rms: when given, scale the orthogonalized step by
-        ``consistent_rms * sqrt(max(d_in, d_out))`` (an update RMS of about
-        ``consistent_rms`` at every shape; 0.2 is contrib's suggestion to match
-        AdamW) instead of ``sqrt(max(1, d_out / d_in))``.
-
-    Returns:
-      An ``optax.GradientTransformationExtraArgs``.
-    """
-    import jax.numpy as jnp
-
-    if consistent_rms is None:
-        scale: Any = "muon"
-    else:
-
-        def scale(g: Geometry):
-            return consistent_rms * max(g.d_in, g.d_out) ** 0.5
-
-    return muon(
-        learning_rate,
-        momentum=beta,
-        nesterov=nesterov,
-        weight_decay=weight_decay,
-        weight_decay_mask=True if weight_decay_mask is None else weight_decay_mask,
-        geometry=GeometryMap({"": _contrib_geometry}),
-        scale=scale,
-        ns_coefficients="quintic",
-        ns_steps=ns_steps,
-        ns_method="standard",
-        compute_dtype=jnp.float32,
-        output="muon",
-        elementwise="adamw",
-        bias_correction=True,
-        adam_learning_rate=adam_learning_rate,
-        adam_b1=adam_b1,
-        adam_b2=adam_b2,
-        adam_eps=eps,
-        adam_eps_root=adam_eps_root,
-        adam_weight_decay=adam_weight_decay,
-        adam_nesterov=nesterov,
-        mu_dtype=mu_dtype,
-    )
