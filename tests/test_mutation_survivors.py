@@ -130,7 +130,7 @@ def test_mu_dtype_reaches_every_route(name):
             "rescaled_adamw": lambda: so.rescaled_adamw(0.1, mu_dtype=jnp.bfloat16)}[name]
     params = f32({"Dense_0": {"kernel": np.ones((4, 6)), "bias": np.ones(6)}})
     state = make().init(params)
-    kinds = (so.expert.EmaMomentumState, optax.ScaleByAdamState)
+    kinds = (so.expert.EmaMomentumState, optax.ScaleByAdamState, optax.contrib.MuonState)
     nodes = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, kinds)) if isinstance(s, kinds)]
     mus = [x for s in nodes for x in jax.tree.leaves(s.mu) if x.shape in ((4, 6), (6,))]
     nus = [x for s in nodes if isinstance(s, optax.ScaleByAdamState) for x in jax.tree.leaves(s.nu)

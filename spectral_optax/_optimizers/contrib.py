@@ -7,7 +7,7 @@ leaf by default, read as ``(d_in, d_out)``), and ``'adam'``, ``optax.adamw``,
 on the others. :func:`contrib_muon` builds the same partition with the same
 labels, the same dimension-number resolution (a tree, a prefix tree with
 ``None`` for Adam leaves, or a callable) and a state of the same structure
-(``state[0]['muon'][0][0]`` is the ``(count, mu, ns_coeffs)`` momentum state),
+(``state[0]['muon'][0][0]`` is contrib's own ``optax.contrib.MuonState``),
 so a checkpoint of one restores into the other. What differs is who
 orthogonalizes: each leaf's :class:`~optax.contrib.MuonDimensionNumbers`
 becomes a :class:`~spectral_optax.Geometry` (reduction axes -> fan-in, output
@@ -30,9 +30,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from optax.contrib import MuonDimensionNumbers
+from optax.contrib import MuonDimensionNumbers, MuonState
 
-from spectral_optax._geometry import Geometry, GeometryMap
+from spectral_optax._geometry import Geometry, GeometryMap, path_str
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
 
 __all__ = ["CONTRIB_NS_COEFFS", "contrib_muon"]
@@ -50,14 +50,6 @@ CONTRIB_NS_COEFFS = {
 }
 _PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
 _AOL_EPS = 1e-8  # contrib's floor on the AOL row sums and the Schatten-4 norm (not its ``eps`` argument)
-
-
-class ContribMuonState(NamedTuple):
-    """``optax.contrib.MuonState``'s fields, in its order."""
-
-    count: jax.Array
-    mu: Any
-    ns_coeffs: jax.Array
 
 
 def _is_dims(x) -> bool:
@@ -155,7 +147,7 @@ def _scale_by_contrib_muon(
     mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
 
     def init_fn(params):
-        return ContribMuonState(
+        return MuonState(
             count=jnp.zeros([], jnp.int32),
             mu=optax.tree.zeros_like(params, dtype=mu_dtype),
             ns_coeffs=jnp.asarray(table, dtype=jnp.float32),
@@ -202,7 +194,7 @@ def _scale_by_contrib_muon(
         new = orthogonalize(mu_hat, dims_fn(updates))
         if adaptive:  # the dual norm <mu_hat, O> of the step (Bernstein et al., 2024)
             new = jax.tree.map(lambda x, y: jnp.sum(x.conj() * y) * y, mu_hat, new)
-        return new, ContribMuonState(count=count_inc, mu=optax.tree.cast(mu, mu_dtype), ns_coeffs=state.ns_coeffs)
+        return new, MuonState(count=count_inc, mu=optax.tree.cast(mu, mu_dtype), ns_coeffs=state.ns_coeffs)
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -221,7 +213,7 @@ def _scale_by_shape(dims_fn, consistent_rms) -> optax.GradientTransformation:
 def _check_arrays(params):
     for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
         if not hasattr(x, "dtype") or not hasattr(x, "shape"):
-            name = jax.tree_util.keystr(path)
+            name = path_str(path)
             raise TypeError(
                 f"parameter '{name}' is a {type(x).__name__}, not an array: the optimizer cannot update it "
                 "in place. Store it as an array (jnp.asarray(value)) or keep it out of the parameter tree."
