@@ -82,9 +82,10 @@ def describe(params: Any, geometry: GeometryLike = None, *, base: Any = None, pr
 def _tied_note(path: str, d: int) -> str:
     return (
         f"{path} is a tied table (looked up and read out): with Parametrization 1's N(0, 1) entries "
-        f"(reinitialize) its read-out needs the factor 1/d = {1.0 / d:.4g} in the forward pass, or the logits "
+        f"(reinitialize) its read-out needs the factor c/d in the forward pass (c = 1: 1/d = {1.0 / d:.4g}; c is "
+        "tied_readout_multiplier's base_width, a constant tuned at the proxy), or the logits "
         "grow like sqrt(d) and the initial loss with d "
-        "(m = so.initializers.tied_readout_multiplier(params, geometry); Linen: "
+        "(m = so.initializers.tied_readout_multiplier(params, geometry, base_width=c); Linen: "
         "`with so.initializers.tied_readout(m): model.apply(...)`; NNX: so.initializers.tied_readout_nnx(model, m)). "
         "describe cannot see whether the model applies it."
     )

@@ -42,8 +42,10 @@ def tied_readout_multiplier(params, geometry: GeometryLike = None, *, base_width
       params: the parameter tree.
       geometry: see :func:`spectral_optax.as_geometry_map`; the trace of the model is what marks
         the tied read-out.
-      base_width: the width at which the multiplier is 1 (the proxy's width, so that the proxy
-        trains as it did before).
+      base_width: the constant ``c`` of the multiplier ``c / d`` (muP's ``output_mult`` times the
+        width at which it is 1): width-independent, tuned with the learning rate at the proxy and
+        kept fixed when the width grows (starting values and a grid per optimizer: docs/guide.md,
+        "A tied read-out"). The proxy's width makes the multiplier 1 at the proxy.
 
     Returns:
       The read-out multiplier ``base_width / d`` (a Python float).

@@ -69,7 +69,7 @@ HORIZON_EXPONENT = 0.32
 BATCH_EXPONENT = 0.62
 
 LR_KEYS = ("learning_rate",)
-KNOWN_KEYS = ("learning_rate", "weight_decay", "b2", "beta2", "b1", "momentum", "warmup_steps", "warmup")
+KNOWN_KEYS = ("learning_rate", "weight_decay", "b2", "beta2", "adam_b2", "b1", "momentum", "warmup_steps", "warmup")
 
 
 # --------------------------------------------------------------------------
@@ -217,7 +217,7 @@ def weight_decay_timescale() -> Rule:
     """
 
     def fn(hp0, hp, proxy, target):
-        if "weight_decay" not in hp:
+        if "weight_decay" not in hp or hp["weight_decay"] == 0:  # 0 stays 0: reported as unchanged
             return {}
         t0, t1 = _need(proxy, "steps", "weight_decay", "proxy"), _need(target, "steps", "weight_decay", "target")
         eta0, eta1 = hp0["learning_rate"], hp["learning_rate"]
@@ -230,14 +230,15 @@ def weight_decay_timescale() -> Rule:
 def beta2_half_life() -> Rule:
     """Adam's ``b2`` with a constant half-life in examples: ``b2' = b2 ** (B' / B)``.
 
-    (Marek et al. 2025, arXiv:2507.07101.) Applies to the key ``b2`` (or
-    ``beta2``).
+    (Marek et al. 2025, arXiv:2507.07101.) Applies to the keys ``b2``, ``beta2``
+    and ``adam_b2`` (the AdamW route of :func:`~spectral_optax.muon` and
+    :func:`~spectral_optax.contrib_muon`).
     """
 
     def fn(hp0, hp, proxy, target):
         b0, b1 = _need(proxy, "batch_size", "beta2", "proxy"), _need(target, "batch_size", "beta2", "target")
         out = {}
-        for k in ("b2", "beta2"):
+        for k in ("b2", "beta2", "adam_b2"):
             if k in hp:
                 if not 0 < hp[k] < 1:
                     raise ValueError(f"hparams[{k!r}] must be in (0, 1), got {hp[k]!r}")

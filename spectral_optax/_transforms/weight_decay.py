@@ -81,6 +81,7 @@ def decoupled_weight_decay(
     weight_decay: float,
     *,
     mask: Any = None,
+    geometry: GeometryLike = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Add ``-learning_rate * weight_decay * W`` to finished updates.
 
@@ -89,20 +90,28 @@ def decoupled_weight_decay(
     decay is not multiplied by ``alpha``: the result per leaf is
     ``-lr_t * (c * D(G) + weight_decay * W)``, exactly what the explicit-form
     optimizer with ``weight_decay`` does. Equivalent to
-    ``add_decayed_weights(weight_decay)`` followed by ``-learning_rate`` in the
+    ``add_decayed_weights(weight_decay, mask)`` followed by ``-learning_rate`` in the
     optimizer's own chain.
 
     Args:
       learning_rate: the optimizer's learning rate (float or optax schedule,
         evaluated at the same step count as the optimizer's).
       weight_decay: decoupled decay coefficient ``lambda``.
-      mask: optax mask (tree of bools or ``params -> tree``); ``None``
-        decays every leaf. Use the optimizer's own decay mask (the named
-        optimizers spare vectors / leaves with ``ndim < 2``).
+      mask: ``None`` (default): the named optimizers' own default, decided by
+        the geometry: matrices and embeddings decay, leaves of kind
+        ``'vector'`` (biases, norm scales, also stacked by ``nn.scan``, so
+        not a rule on ``ndim``) do not; ``True``: every leaf; or an optax
+        mask (tree of bools or ``params -> tree``).
+      geometry: geometry overrides for the default mask (pass the
+        optimizer's), see :func:`spectral_optax.as_geometry_map`.
 
     References:
       Loshchilov, Hutter (2019), decoupled weight decay.
     """
+    if mask is None:
+        mask = decay_mask_sparing_vectors(geometry)
+    elif mask is True:
+        mask = None
 
     def init_fn(params):
         del params

@@ -129,7 +129,7 @@ def auto_schedule(m: int, n: int, compute_dtype: Any = None) -> tuple[str, str, 
       every 2 steps where that saves >= 25% (aspect >= 3.5 at 4 steps).
 
     docs/guide.md ("Coefficients") renders this function's choices per dtype
-    and shape (``tools/render_defaults.py``; a test compares them).
+    and shape (``tools/docs_tables.py``; tests/test_docs_defaults.py compares them).
 
     Args:
       m: rows.
