@@ -450,6 +450,7 @@ def reinitialize(
     gain: float = 1.0,
     method: str = "normal",
     embedding_std: float = 1.0,
+    warn_tied: bool = True,
 ):
     """Redraw every matrix and embedding of ``params`` per Parametrization 1.
 
@@ -467,6 +468,15 @@ def reinitialize(
     * vectors (biases, norm scales) and ``'elementwise'`` leaves (undecided):
       unchanged.
 
+    A tied table (``kind='embedding'``, ``role='output'``: looked up and read
+    out by ``embed.attend``, as the trace of ``GeometryMap.from_linen`` marks
+    it) is drawn ``N(0, embedding_std^2)`` for the lookup, so the read-out
+    ``h @ E^T`` needs the multiplier ``c / d`` in the forward pass, or the
+    logits grow like ``sqrt(d)`` and the initial loss with the width: a
+    ``UserWarning`` names the table, :func:`tied_readout` /
+    :func:`tied_readout_nnx` and the multiplier
+    (:func:`tied_readout_multiplier`; docs/guide.md, "A tied read-out").
+
     Every leaf keeps its dtype (drawn in float32 or float64 and cast, as the
     initializers do) and, for a concrete ``jax.Array``, its sharding. Each leaf
     gets its own key, ``fold_in(key, crc32(path))``, so a leaf's draw does not
@@ -482,6 +492,8 @@ def reinitialize(
       method: ``'normal'`` (Parametrization 1's Gaussian) or ``'orthogonal'``
         (every singular value of every slice exactly the target).
       embedding_std: standard deviation of the embedding entries.
+      warn_tied: warn about a tied table (``False`` once the forward pass
+        applies the read-out multiplier).
 
     Returns:
       A tree like ``params`` with the matrices and embeddings redrawn.
@@ -496,9 +508,13 @@ def reinitialize(
     gain = _check_gain("gain", gain)
     embedding_std = _check_gain("embedding_std", embedding_std)
 
+    tied: dict[str, int] = {}
+
     def redraw(path: str, g: Geometry, x):
         if g.kind not in ("matrix", "embedding") or math.prod(g.shape) == 0:
             return x
+        if g.kind == "embedding" and g.role == "output":
+            tied[path] = g.d_out
         out_dtype, draw_dtype = _dtypes(x.dtype)
         k = jax.random.fold_in(key, zlib.crc32(path.encode()))
         if g.kind == "embedding":
@@ -513,4 +529,19 @@ def reinitialize(
             new = jax.device_put(new, sharding)
         return new
 
-    return map_with_geometry(redraw, geometry, params, with_path=True)
+    out = map_with_geometry(redraw, geometry, params, with_path=True)
+    if tied and warn_tied:
+        import warnings
+
+        path, d = next(iter(tied.items()))
+        warnings.warn(
+            f"reinitialize: '{path}' is a tied table (looked up and read out, width d = {d}) drawn "
+            f"N(0, {embedding_std:g}^2): its read-out needs the multiplier c / d (c = 1: {1.0 / d:.4g}) in the "
+            "forward pass, or the logits grow like sqrt(d) and the initial loss with the width. "
+            "m = so.initializers.tied_readout_multiplier(params, geometry, base_width=c); Linen: "
+            "`with so.initializers.tied_readout(m): model.apply(...)`; NNX: so.initializers.tied_readout_nnx(model, m) "
+            "(docs/guide.md, 'A tied read-out'). Pass warn_tied=False once the model applies it.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return out

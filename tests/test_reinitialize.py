@@ -169,3 +169,31 @@ def test_shardings_kept_on_two_devices():
         [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_reinitialize_on_a_tied_decoder_warns_and_the_guides_path_gives_ln_vocab():
+    """Never silent: on a tied decoder (nanodo's shapes) ``reinitialize`` names the tied table,
+    ``tied_readout`` and the multiplier; the guide's path then starts at ``ln(vocab)``, the model's
+    own ``apply`` without the multiplier far above it."""
+    from test_tied_embeddings import VOCAB, _loss, _setup
+
+    from _lm_fixtures import TiedDecoder, UntiedDecoder
+
+    d = 64
+    model, x, params, geometry = _setup(TiedDecoder, d)
+    with pytest.warns(UserWarning, match=rf"(?s)'embed/embedding' is a tied table.*{1 / d:.4g}.*tied_readout\("):
+        redrawn = reinitialize(jax.random.key(2), params, geometry)
+    assert _loss(model.apply({"params": redrawn}, x), x) > math.log(VOCAB) + 2.0  # the silent failure
+    c = 4.0  # the guide's starting value for muon
+    redrawn = reinitialize(jax.random.key(2), params, geometry, embedding_std=0.25, warn_tied=False)
+    m = so.initializers.tied_readout_multiplier(redrawn, geometry, base_width=c)
+    assert m == pytest.approx(c / d)
+    with so.initializers.tied_readout(m):
+        assert abs(_loss(model.apply({"params": redrawn}, x), x) - math.log(VOCAB)) < 0.5
+    # an untied decoder has no tied table: no warning
+    model, x, params, geometry = _setup(UntiedDecoder, d)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        reinitialize(jax.random.key(2), params, geometry)
