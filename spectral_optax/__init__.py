@@ -42,6 +42,7 @@ from spectral_optax._geometry import (
     as_geometry_map,
     init_with_geometry,
 )
+
 # Named optimizers.
 from spectral_optax._optimizers.contrib import contrib_muon
 from spectral_optax._optimizers.moga import moga, rescaled_adamw

@@ -175,9 +175,8 @@ def test_reinitialize_on_a_tied_decoder_warns_and_the_guides_path_gives_ln_vocab
     """Never silent: on a tied decoder (nanodo's shapes) ``reinitialize`` names the tied table,
     ``tied_readout`` and the multiplier; the guide's path then starts at ``ln(vocab)``, the model's
     own ``apply`` without the multiplier far above it."""
-    from test_tied_embeddings import VOCAB, _loss, _setup
-
     from _lm_fixtures import TiedDecoder, UntiedDecoder
+    from test_tied_embeddings import VOCAB, _loss, _setup
 
     d = 64
     model, x, params, geometry = _setup(TiedDecoder, d)

@@ -118,3 +118,57 @@ def train_float_leaves(
         return keeping_layout(new_updates, updates), new_state
 
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)
+
+
+def optax_aliases(**aliases: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Accept optax's argument names beside the optimizer's own: ``alias='own_name'``.
+
+    ``muon(lr, beta=0.9)`` is ``muon(lr, momentum=0.9)``; passing both names is a
+    ``TypeError`` naming both (unless the own name carries its default, as
+    ``optax.inject_hyperparams`` passes every default: then the alias wins).
+    The aliases appear in the signature (keyword-only, default ``None``: not
+    given) and in a line of the docstring, so ``help``, ``inspect.signature``
+    and ``optax.inject_hyperparams`` see them.
+    """
+    import functools
+    import inspect
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn)
+        for alias, own in aliases.items():
+            if own not in sig.parameters or alias in sig.parameters:
+                raise AssertionError(f"{fn.__name__}: bad alias {alias} -> {own}")
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for alias, own in aliases.items():
+                if alias not in kwargs:
+                    continue
+                value = kwargs.pop(alias)
+                if value is None:
+                    continue
+                if own in kwargs and not _is_default(kwargs[own], sig.parameters[own].default):
+                    raise TypeError(f"{fn.__name__}() got both {own!r} and its optax alias {alias!r}: pass one of them")
+                kwargs[own] = value
+            return fn(*args, **kwargs)
+
+        extra = [inspect.Parameter(a, inspect.Parameter.KEYWORD_ONLY, default=None) for a in aliases]
+        params = list(sig.parameters.values())
+        tail = [p for p in params if p.kind == p.VAR_KEYWORD]
+        head = [p for p in params if p.kind != p.VAR_KEYWORD]
+        wrapper.__signature__ = sig.replace(parameters=head + extra + tail)  # type: ignore[attr-defined]
+        line = ", ".join(f"``{a}`` (``{o}``)" for a, o in aliases.items())
+        wrapper.__doc__ = (fn.__doc__ or "") + f"\n    Optax's names are accepted as aliases: {line}.\n"
+        return wrapper
+
+    return decorate
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """``value`` is ``default`` (or a traced value, which ``optax.inject_hyperparams`` makes of every default)."""
+    if value is default:
+        return True
+    try:
+        return bool(jnp.all(jnp.asarray(value) == jnp.asarray(default)))
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return True

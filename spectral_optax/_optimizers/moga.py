@@ -32,7 +32,7 @@ from spectral_optax._geometry import (
     map_with_geometry,
 )
 from spectral_optax._numerics import static_value
-from spectral_optax._optimizers.common import geometry_partition, train_float_leaves
+from spectral_optax._optimizers.common import geometry_partition, optax_aliases, train_float_leaves
 from spectral_optax._transforms.momentum import ema_momentum
 from spectral_optax._transforms.row_column import (
     scale_by_column_norm,
@@ -87,6 +87,7 @@ def moga_labels(
     return label_by_geometry(_route_fn(variant, rules), as_geometry_map(geometry))
 
 
+@optax_aliases(beta="momentum", eps="adam_eps", mask="weight_decay_mask")
 def moga(
     learning_rate: optax.ScalarOrSchedule,
     p: float = 2.0,
@@ -295,6 +296,7 @@ def _scale_by_fan_ratio(p, q, gmap) -> optax.GradientTransformationExtraArgs:
     return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
 
 
+@optax_aliases(mask="weight_decay_mask")
 def rescaled_adamw(
     learning_rate: optax.ScalarOrSchedule,
     p: float = 1.0,

@@ -43,7 +43,7 @@ from spectral_optax._geometry import (
     GeometryLike,
     as_geometry_map,
 )
-from spectral_optax._optimizers.common import geometry_partition, train_float_leaves
+from spectral_optax._optimizers.common import geometry_partition, optax_aliases, train_float_leaves
 from spectral_optax._transforms.momentum import ema_momentum
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
 from spectral_optax._transforms.parametrization import route_of as leaf_route
@@ -73,6 +73,13 @@ def _decay_mask_fn(weight_decay_mask):
     return lambda params: jax.tree.map(lambda _, m: bool(m), params, weight_decay_mask)
 
 
+@optax_aliases(
+    beta="momentum",
+    ns_coeffs="ns_coefficients",
+    preconditioning="ns_preconditioning",
+    eps="adam_eps",
+    mask="weight_decay_mask",
+)
 def muon(
     learning_rate: optax.ScalarOrSchedule,
     *,

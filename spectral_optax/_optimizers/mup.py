@@ -24,7 +24,7 @@ from typing import Any
 import optax
 
 from spectral_optax._geometry import GeometryLike, as_geometry_map
-from spectral_optax._optimizers.common import train_float_leaves
+from spectral_optax._optimizers.common import optax_aliases, train_float_leaves
 from spectral_optax._transforms.parametrization import scale_by_parametrization1
 from spectral_optax._transforms.spectral import scale_by_spectral_norm
 from spectral_optax._transforms.weight_decay import decay_then_learning_rate
@@ -38,6 +38,7 @@ def _momentum(momentum, nesterov):
     return optax.identity() if momentum is None else optax.trace(decay=momentum, nesterov=nesterov)
 
 
+@optax_aliases(mask="weight_decay_mask")
 def spectral_sgd(
     learning_rate: ScalarOrSchedule,
     *,
@@ -88,6 +89,7 @@ def spectral_sgd(
     )
 
 
+@optax_aliases(mask="weight_decay_mask")
 def mup_sgd(
     learning_rate: ScalarOrSchedule,
     *,
@@ -128,6 +130,7 @@ def mup_sgd(
     )
 
 
+@optax_aliases(mask="weight_decay_mask")
 def mup_adamw(
     learning_rate: ScalarOrSchedule,
     *,

@@ -26,12 +26,16 @@ import optax
 
 from spectral_optax._duals.polar import Coefficients
 from spectral_optax._geometry import GeometryLike, as_geometry_map
+from spectral_optax._optimizers.common import optax_aliases
 from spectral_optax._optimizers.muon import muon
 from spectral_optax._transforms.neuron_norm import scale_by_neuron_second_moment
 
 __all__ = ["normuon"]
 
 
+@optax_aliases(
+    beta="momentum", ns_coeffs="ns_coefficients", preconditioning="ns_preconditioning", mask="weight_decay_mask"
+)
 def normuon(
     learning_rate: optax.ScalarOrSchedule,
     *,
