@@ -165,10 +165,13 @@ def optax_aliases(**aliases: str) -> Callable[[Callable[..., Any]], Callable[...
 
 
 def _is_default(value: Any, default: Any) -> bool:
-    """``value`` is ``default`` (or a traced value, which ``optax.inject_hyperparams`` makes of every default)."""
-    if value is default:
+    """``value`` is ``default``: the same object, an equal number (``optax.inject_hyperparams`` passes
+    every numeric default as an array), or a traced value (its injected state under ``jit``)."""
+    if value is default or isinstance(value, jax.core.Tracer):
         return True
+    if not isinstance(default, (int, float)) or isinstance(default, bool):
+        return False
     try:
-        return bool(jnp.all(jnp.asarray(value) == jnp.asarray(default)))
-    except (TypeError, jax.errors.ConcretizationTypeError):
-        return True
+        return bool(jnp.all(jnp.asarray(value) == default))
+    except TypeError:
+        return False
