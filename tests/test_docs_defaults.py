@@ -41,3 +41,27 @@ def test_guide_table_states_auto_schedule_at_aspects_1_and_4(dtype):
     cells = [c.strip() for c in rows[dtype].strip().strip("|").split("|")[1:]]
     want = [f"`{auto_schedule(m, m * aspect, getattr(jnp, dtype))!r}`" for m, aspect in ((768, 1), (768, 4))]
     assert cells == want, f"docs/guide.md states {cells} for {dtype}, auto_schedule chooses {want}: {_FIX}"
+
+
+def test_the_gram_space_threshold_the_docs_state_is_the_codes():
+    """'aspect >= 2.41 at 5 steps' (guide, math.md, auto_schedule's docstring) is where newton_schulz_method
+    starts to pick the Gram-space iteration in float32, and math.md's formula gives it."""
+    import inspect
+
+    from spectral_optax._duals.polar import newton_schulz_method
+
+    m = 1000
+    n = next(n for n in range(m, 4 * m) if newton_schulz_method(m, n, 5, jnp.float32) == "gram")
+    assert round(n / m, 2) == 2.41
+    k = 5
+    assert round((6.5 * k - 6) / (3 * k - 4), 2) == 2.41
+    root = Path(__file__).resolve().parents[1]
+    from spectral_optax._duals.polar import auto_schedule as fn
+
+    for name, text in (
+        ("docs/guide.md", (root / "docs" / "guide.md").read_text()),
+        ("docs/math.md", (root / "docs" / "math.md").read_text()),
+        ("auto_schedule", inspect.getdoc(fn)),
+    ):
+        assert "aspect >= 2.41 at 5 steps" in " ".join(text.split()), f"{name} does not state the threshold 2.41"
+        assert "2.5 at 5 steps" not in text and "l / s >= 2.5" not in text, name

@@ -6,7 +6,7 @@ Each table sits in a document between two marker lines (``<!-- BEGIN generated: 
 * ``auto_schedule`` (docs/guide.md, "Coefficients"): what ``ns_coefficients='auto'`` runs per compute
   dtype and matrix shape (coefficients, steps, start, iteration, Gram-space restarts);
 * ``auto_schedule_choices`` (docs/guide.md, "Coefficients"): what ``auto_schedule(m, n, compute_dtype)``
-  returns for float32, bfloat16 and float16 at aspects 1 and 4 (formerly ``tools/render_defaults.py``);
+  returns for float32, bfloat16 and float16 at aspects 1 and 4;
 * ``api`` (README.md, "API"): the signature table, every shown argument with the default the code has
   (``inspect.signature``); the descriptions are ``API_ROWS`` below.
 

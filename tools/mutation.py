@@ -18,8 +18,8 @@ Steps (each resumable; results are appended to files in ``--work``)::
     python tools/mutation.py run --sample 400    # stratified random sample (fixed seed), or all mutants
     python tools/mutation.py report              # killed / total, survivors, 95% interval
     # after writing tests for the survivors:
-    python tools/mutation.py sync-tests && python tools/mutation.py stats --tests tests/NEW.py
-    python tools/mutation.py run --sample 400 --rerun-survivors --first tests/NEW.py
+    python tools/mutation.py sync-tests && python tools/mutation.py stats --tests tests/test_<new>.py
+    python tools/mutation.py run --sample 400 --rerun-survivors --first tests/test_<new>.py
 
 Run it niced and single-threaded on a shared machine::
 
