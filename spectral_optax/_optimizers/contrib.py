@@ -85,7 +85,9 @@ def _coefficient_table(ns_coeffs, ns_steps) -> tuple[tuple[float, float, float],
     table = jnp.asarray(ns_coeffs, dtype=jnp.float32)
     if table.ndim > 2 or table.shape[-1] != 3:
         raise ValueError(f"ns_coeffs must have shape (3,) or (n, 3), got {table.shape}")
-    rows = [tuple(float(v) for v in row) for row in (table[None] if table.ndim == 1 else table)]
+    rows: list[tuple[float, float, float]] = [
+        (float(row[0]), float(row[1]), float(row[2])) for row in (table[None] if table.ndim == 1 else table)
+    ]
     if table.ndim == 1:
         return tuple(rows * int(ns_steps))
     if len(rows) > int(ns_steps):
