@@ -242,7 +242,7 @@ def contrib_muon(
     adam_learning_rate: optax.ScalarOrSchedule | None = None,
     muon_weight_dimension_numbers: Any = None,
     consistent_rms: float | None = None,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     """``optax.contrib.muon``: its signature, defaults, routing, state structure and update.
 
     For every leaf with dimension numbers (by default every 2-D leaf, read as
@@ -320,8 +320,8 @@ def contrib_muon(
         ``sqrt(max(1, d_out / d_in))``.
 
     Returns:
-      An ``optax.GradientTransformation`` (contrib's type; the
-      ``optax.partition`` of the two routes and the frozen one).
+      An ``optax.GradientTransformationExtraArgs``: the ``optax.partition`` of
+      the two routes and the frozen one.
     """
     if preconditioning not in _PRECONDITIONINGS:
         raise ValueError(f"Unknown preconditioning {preconditioning!r}; use one of {_PRECONDITIONINGS}")
