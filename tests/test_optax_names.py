@@ -77,3 +77,16 @@ def test_alias_under_inject_hyperparams():
     a, b = _two_steps(tx), _two_steps(so.muon(0.05, momentum=0.7))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_moga_routes_by_kind_with_muons_keywords():
+    """One spelling of the kind routing: ``moga(embedding=..., vector=..., output=...)`` as ``muon``'s
+    keywords ('adamw' is moga's 'adam'), equal to the same routing by path with ``rules=``."""
+    by_kind = so.moga(0.05, embedding="adamw", vector="adam", output="row")
+    by_path = so.moga(0.05, rules={r"embedding$": "adam", r"bias$": "adam", r"Dense_0/kernel$": "row"})
+    for x, y in zip(jax.tree.leaves(_two_steps(by_kind)), jax.tree.leaves(_two_steps(by_path))):
+        np.testing.assert_array_equal(x, y)
+    default = _two_steps(so.moga(0.05))
+    assert not np.array_equal(_two_steps(by_kind)["Dense_0"]["kernel"], default["Dense_0"]["kernel"])
+    with pytest.raises(ValueError, match="embedding='normalize'"):
+        so.moga(0.05, embedding="normalize")

@@ -53,13 +53,25 @@ def _default_rule(geom: Geometry, variant: str) -> str:
     return "sign"  # embeddings, biases, norm scales, and 'elementwise' leaves (no rule decided them)
 
 
-def _route_fn(variant: str, rules: Mapping[str, Any] | None) -> Callable[[str, Geometry], str]:
+def _rule_name(rule: Any) -> Any:
+    """``'adamw'`` (muon's spelling of the Adam route) is ``'adam'``."""
+    return "adam" if rule == "adamw" else rule
+
+
+def _route_fn(
+    variant: str, rules: Mapping[str, Any] | None, by_kind: Mapping[str, Any] | None = None
+) -> Callable[[str, Geometry], str]:
     compiled = [(re.compile(k), k, v) for k, v in (rules or {}).items()]
+    by_kind = {k: v for k, v in (by_kind or {}).items() if v is not None}
 
     def route_of(path: str, geom: Geometry) -> str:
         for pattern, key, rule in compiled:
             if pattern.search(path):
-                return rule if isinstance(rule, str) else f"custom:{key}"
+                return _rule_name(rule) if isinstance(rule, str) else f"custom:{key}"
+        kind = "output" if geom.kind == "matrix" and geom.role == "output" else geom.kind
+        if kind in by_kind:
+            rule = by_kind[kind]
+            return _rule_name(rule) if isinstance(rule, str) else f"custom:{kind}"
         return _default_rule(geom, variant)
 
     return route_of
@@ -101,6 +113,9 @@ def moga(
     weight_decay: float = 0.0,
     weight_decay_mask: Any = None,
     rules: Mapping[str, Any] | None = None,
+    embedding: str | optax.GradientTransformation | None = None,
+    vector: str | optax.GradientTransformation | None = None,
+    output: str | optax.GradientTransformation | None = None,
     geometry: GeometryLike = None,
     adam_b2: float = 0.999,
     adam_eps: float = 1e-8,
@@ -172,6 +187,12 @@ def moga(
         and the LR are still applied), e.g. a per-path exponent and factor:
         ``optax.chain(optax.ema(0.95, debias=False),
         spectral_optax.scale_by_row_norm(1.5), optax.scale(40.0))``.
+      embedding: rule of every embedding table, by geometry (``None``:
+        ``'sign'``), as :func:`~spectral_optax.muon`'s keyword of the same
+        name: one of ``MOGA_RULES``, ``'adamw'`` (``'adam'``, muon's
+        spelling) or a transformation; ``rules=`` wins where it matches.
+      vector: rule of biases and norm scales (``None``: ``'sign'``).
+      output: rule of the read-out matrix (``None``: ``'head'``).
       geometry: see :func:`spectral_optax.as_geometry_map`.
       adam_b2, adam_eps: for leaves under the ``'adam'`` rule.
       mu_dtype: momentum dtype (default: the gradient's dtype).
@@ -190,6 +211,16 @@ def moga(
     """
     if variant not in ("row", "col"):
         raise ValueError(f"variant must be 'row' or 'col', got {variant!r}")
+    by_kind = {"embedding": embedding, "vector": vector, "output": output}
+    for name, rule in by_kind.items():
+        if (
+            rule is not None
+            and not isinstance(rule, optax.GradientTransformation)
+            and _rule_name(rule) not in MOGA_RULES
+        ):
+            raise ValueError(
+                f"{name}={rule!r}: a rule must be one of {MOGA_RULES}, 'adamw' or an optax.GradientTransformation"
+            )
     for key, rule in (rules or {}).items():
         try:
             re.compile(key)
@@ -198,7 +229,7 @@ def moga(
                 f"rules: {key!r} is not a valid regular expression ({e}); rules map a regex "
                 "re.search-ed on the '/'-joined parameter path to a rule"
             ) from e
-        if isinstance(rule, str) and rule not in MOGA_RULES:
+        if isinstance(rule, str) and _rule_name(rule) not in MOGA_RULES:
             raise ValueError(
                 f"rules[{key!r}] = {rule!r}: a rule must be one of {MOGA_RULES} or an optax.GradientTransformation"
             )
@@ -251,6 +282,9 @@ def moga(
     for key, rule in (rules or {}).items():
         if not isinstance(rule, str):
             table[f"custom:{key}"] = rule
+    for name, rule in by_kind.items():
+        if isinstance(rule, optax.GradientTransformation):
+            table[f"custom:{name}"] = rule
 
     def check_rules(paths):
         for key in rules or {}:
@@ -263,7 +297,7 @@ def moga(
 
     return train_float_leaves(
         optax.chain(
-            geometry_partition(table, _route_fn(variant, rules), gmap, check_paths=check_rules),
+            geometry_partition(table, _route_fn(variant, rules, by_kind), gmap, check_paths=check_rules),
             *decay_then_learning_rate(learning_rate, weight_decay, weight_decay_mask, gmap),
         ),
         gmap,
