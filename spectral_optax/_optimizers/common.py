@@ -157,11 +157,21 @@ def optax_aliases(**aliases: str) -> Callable[[Callable[..., Any]], Callable[...
         tail = [p for p in params if p.kind == p.VAR_KEYWORD]
         head = [p for p in params if p.kind != p.VAR_KEYWORD]
         wrapper.__signature__ = sig.replace(parameters=head + extra + tail)  # type: ignore[attr-defined]
-        line = ", ".join(f"``{a}`` (``{o}``)" for a, o in aliases.items())
-        wrapper.__doc__ = (fn.__doc__ or "") + f"\n    Optax's names are accepted as aliases: {line}.\n"
+        wrapper.__doc__ = _document_aliases(fn.__doc__ or "", aliases)
         return wrapper
 
     return decorate
+
+
+def _document_aliases(doc: str, aliases: dict[str, str]) -> str:
+    """``doc`` with one ``Args:`` entry per alias, at the end of the section."""
+    entries = "".join(f"      {a}: optax's name for ``{o}`` (an alias; not both).\n" for a, o in aliases.items())
+    start = doc.find("    Args:\n")
+    if start < 0:
+        return doc + "\n    Args:\n" + entries
+    end = doc.find("\n\n", start)
+    end = len(doc) if end < 0 else end + 1
+    return doc[:end] + entries + doc[end:]
 
 
 def _is_default(value: Any, default: Any) -> bool:
