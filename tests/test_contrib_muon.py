@@ -118,12 +118,19 @@ DIMS_ARGS = {
 TOLERANCE = {"adam_args": 3e-4}
 
 
-@pytest.mark.parametrize("name", sorted(ARGS))
+FAST = {"defaults", "spectral", "dion_aol", "adaptive_plain_momentum", "aol"}  # the rest: slow tier
+
+
+def _tiered(names):
+    return [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in sorted(names)]
+
+
+@pytest.mark.parametrize("name", _tiered(ARGS))
 def test_updates_match_optax_contrib_muon(name):
     _compare(dict(ARGS[name]), "plain", rtol=TOLERANCE.get(name, RTOL))
 
 
-@pytest.mark.parametrize("name", sorted(DIMS_ARGS))
+@pytest.mark.parametrize("name", _tiered(DIMS_ARGS))
 def test_dimension_numbers_match_optax_contrib_muon(name):
     _compare(dict(DIMS_ARGS[name]), "dims")
 
@@ -143,7 +150,11 @@ def test_signature_is_contribs():
         assert ours[name].default == want, (name, ours[name].default, want)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"preconditioning": "aol"}, {"adaptive": True}, {"nesterov": False}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"preconditioning": "aol"}]
+    + [pytest.param(k, marks=pytest.mark.slow) for k in ({"adaptive": True}, {"nesterov": False})],
+)
 def test_complex_leaves_match(kwargs):
     """Complex leaves (contrib's complex tests: conjugated gradients, ``X X^H``), on the written-out iteration."""
     rng = np.random.default_rng(3)
