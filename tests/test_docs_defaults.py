@@ -8,7 +8,9 @@ import pytest
 
 from spectral_optax._duals.polar import auto_schedule
 
-_SPEC = importlib.util.spec_from_file_location("docs_tables", Path(__file__).resolve().parents[1] / "tools" / "docs_tables.py")
+_SPEC = importlib.util.spec_from_file_location(
+    "docs_tables", Path(__file__).resolve().parents[1] / "tools" / "docs_tables.py"
+)
 docs_tables = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(docs_tables)
 
@@ -30,7 +32,9 @@ def test_guide_table_is_what_the_code_renders():
 
 
 def test_check_mode_passes_on_the_docs():
-    assert docs_tables.check() == 0, "a generated table in the docs differs from the code: run `python tools/docs_tables.py`"
+    assert docs_tables.check() == 0, (
+        "a generated table in the docs differs from the code: run `python tools/docs_tables.py`"
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
@@ -65,3 +69,37 @@ def test_the_gram_space_threshold_the_docs_state_is_the_codes():
     ):
         assert "aspect >= 2.41 at 5 steps" in " ".join(text.split()), f"{name} does not state the threshold 2.41"
         assert "2.5 at 5 steps" not in text and "l / s >= 2.5" not in text, name
+
+
+def _guide_paragraph(start: str) -> str:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
+    i = text.index(start)
+    return " ".join(text[i : text.find("\n\n", i)].split())
+
+
+@pytest.mark.parametrize(
+    ("paragraph", "function", "stated"),
+    [
+        ("**Defaults and why.** `p = 2`", "moga", {"p": 2.0, "base_factor": 25.0, "momentum": 0.95, "weight_decay": 0.0}),
+        ("* **Named coefficients.**", "expert.polar_express_coefficients",
+         {"l": 1e-3, "cushion": 0.02407327424182761, "safety": 1.01}),
+        ("- **Gain.** The default is", "initializers.spectral_normal", {"gain": 1.0}),
+        ("- **Gain.** The default is", "initializers.spectral_orthogonal", {"gain": 1.0}),
+    ],
+)  # fmt: skip
+def test_defaults_the_guide_names_in_prose_are_the_codes(paragraph, function, stated):
+    """The guide's prose states these defaults (``name = value`` or ``name=value``); they are the code's."""
+    import inspect
+    import re
+
+    import spectral_optax as so
+
+    text = _guide_paragraph(paragraph)
+    fn = so
+    for part in function.split("."):
+        fn = getattr(fn, part)
+    params = inspect.signature(fn).parameters
+    for name, value in stated.items():
+        match = re.search(rf"`{name} ?= ?([-\w.]+)`", text)
+        assert match, f"docs/guide.md no longer states {function}'s {name} in the paragraph {paragraph!r}"
+        assert float(match.group(1)) == value == params[name].default, (function, name, match.group(1))
