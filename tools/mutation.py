@@ -53,6 +53,7 @@ SCOPE = [
     "spectral_optax/_geometry/*.py",
     "spectral_optax/_duals/*.py",
     "spectral_optax/_duals/polar/*.py",
+    "spectral_optax/_mesh/*.py",
     "spectral_optax/_distributed/*.py",
     "spectral_optax/_transforms/*.py",
     "spectral_optax/_optimizers/*.py",
