@@ -72,6 +72,10 @@ from spectral_optax._mesh.layout import (
 )
 
 SCALES = ("spectral", "muon", "rms")
+#: Replica groups run the orthogonalization each on their own devices (no traffic over the replica
+#: axes, the slow links of multi-slice training) while that costs at most this factor in flops per
+#: device over spreading it on every device (docs/sharding.md, "3-D meshes: within each replica group").
+REPLICA_FLOPS_FACTOR = 4.0
 NS_METHODS = ("auto", "standard", "gram")
 
 
@@ -226,10 +230,7 @@ def orthogonalize_via_newton_schulz(
         leaves = [out[i] for i, _ in members]
         if axes and distribute is not False and not manual_axes(mesh):
             specs = [explicit_spec(x, x.ndim) for x in leaves]
-            # within each replica group when the leading axes replicate every leaf (docs/sharding.md, "3-D meshes")
-            replicas = replica_axes(mesh, axes, specs)
-            axes = tuple(a for a in axes if a not in replicas)
-            plan = _plan(groups, flat, mesh_size(mesh, axes), *plan_args)
+            axes, replicas, plan = _within_replicas(groups, flat, mesh, axes, specs, plan_args)
             scale_of = lambda g: orthogonal_update_scale(g, scale)
 
             def run(*xs):
@@ -291,6 +292,22 @@ def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, pre
     return pack_groups(
         plans, devices, steps=n_steps, compute_itemsize=cdtype.itemsize, whole_methods=methods, flops_per_byte=fpb
     )
+
+
+def _within_replicas(groups, flat, mesh, axes, specs, plan_args):
+    """``(axes, replica axes, plan)``: the plan within each replica group (the leading mesh axes no
+    spec names, :func:`~spectral_optax._mesh.layout.replica_axes`) unless repeating the work in every
+    group costs more than :data:`REPLICA_FLOPS_FACTOR` times the flops of spreading it over every
+    device (a large data-parallel axis over small model groups), else over every axis of ``axes``."""
+    replicas = replica_axes(mesh, axes, specs)
+    every = _plan(groups, flat, mesh_size(mesh, axes), *plan_args)
+    if replicas:
+        inner = tuple(a for a in axes if a not in replicas)
+        within = _plan(groups, flat, mesh_size(mesh, inner), *plan_args)
+        flops = lambda plan: sum(g.flops for g in plan.values())
+        if flops(within) <= REPLICA_FLOPS_FACTOR * flops(every):
+            return inner, replicas, within
+    return axes, (), every
 
 
 def _run_batched(groups, leaves, orthogonalize, scale):
@@ -370,7 +387,8 @@ def orthogonalization_plan(
             axes = distribution_axes(mesh)
             specs = [getattr(getattr(x, "sharding", None), "spec", None) for _, x in flat if hasattr(x, "shape")]
             explicit = any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
-            replicas = replica_axes(mesh, axes, specs) if explicit else ()
-            devices = mesh_size(mesh, [a for a in axes if a not in replicas])
+            args = (ns_coefficients, ns_steps, compute_dtype, ns_method, precision, flops_per_byte)
+            axes = _within_replicas(groups, flat, mesh, axes, specs if explicit else [None], args)[0]
+            devices = mesh_size(mesh, axes)
     plans = _plan(groups, flat, devices, ns_coefficients, ns_steps, compute_dtype, ns_method, precision, flops_per_byte)
     return OrthogonalizationPlan(devices, tuple(plans.values()))
