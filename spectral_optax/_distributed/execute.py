@@ -26,7 +26,6 @@ batched iteration.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +39,14 @@ from spectral_optax._distributed.plan import columns_multiple
 from spectral_optax._distributed.resident import resident_axes, stage_resident
 from spectral_optax._distributed.wide import from_wide, move_dtype, to_wide
 from spectral_optax._geometry import Geometry, from_matrix, to_matrix
-from spectral_optax._mesh.layout import blocks_local, context_mesh, is_explicit, mesh_order, spec_axes
+from spectral_optax._mesh.layout import (
+    blocks_local,
+    context_mesh,
+    device_view,
+    is_explicit,
+    mesh_order,
+    spec_axes,
+)
 
 __all__ = ["run_plan"]
 
@@ -115,9 +121,7 @@ def run_plan(
         elif gp.split > 1 and mesh is not None:
             ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, gp.split)
         else:
-            view = jax.sharding.AbstractMesh(
-                (gp.owners, gp.split), ("_owners", "_split"), axis_types=(jax.sharding.AxisType.Auto,) * 2
-            )
+            view = device_view((gp.owners, gp.split), ("_owners", "_split"))
             owned = jax.sharding.NamedSharding(view, P("_owners", None, "_split" if gp.split > 1 else None))
             stacked = jax.lax.with_sharding_constraint(stacked, owned)
             ortho = orthogonalize(stacked, gp.method if gp.split > 1 else None)
@@ -283,13 +287,15 @@ def _group_view(mesh, shape):
     ``('_owners', '_split')``: ``(abstract mesh, mesh for shard_map)``. Under ``jax.set_mesh``
     ``shard_map`` lowers on the concrete mesh, so the view is then a concrete ``Mesh`` of the same
     devices reshaped (``P(('_owners', '_split'))`` is ``P(axes)`` of the leaves' mesh; the owner
-    axis major: docs/lab_log.md)."""
-    names, types = ("_owners", "_split"), (jax.sharding.AxisType.Auto,) * 2
+    axis major: docs/lab_log.md), led by a ``'_replica'`` axis within replica groups
+    (:func:`~spectral_optax._mesh.layout.device_view`)."""
+    abstract = device_view(shape, ("_owners", "_split"))
     concrete = _concrete_mesh()
-    if concrete is not None and not concrete.empty and concrete.size == math.prod(shape):
-        view = jax.sharding.Mesh(concrete.devices.reshape(shape), names, axis_types=types)
+    if concrete is not None and not concrete.empty and concrete.size == abstract.size:
+        view = jax.sharding.Mesh(
+            concrete.devices.reshape(abstract.axis_sizes), abstract.axis_names, axis_types=abstract.axis_types
+        )
         return view.abstract_mesh, view
-    abstract = jax.sharding.AbstractMesh(shape, names, axis_types=types)
     return abstract, abstract
 
 
@@ -575,6 +581,6 @@ def _via_one_axis(m, spec, devices: int, unknown: bool = False):
     rows = m.shape[1] % devices == 0
     if not rows and m.shape[2] % devices:
         return m
-    flat = jax.sharding.AbstractMesh((devices,), ("_devices",), axis_types=(jax.sharding.AxisType.Auto,))
+    flat = device_view((devices,), ("_devices",))
     dims = (None, "_devices", None) if rows else (None, None, "_devices")
     return jax.lax.with_sharding_constraint(m, jax.sharding.NamedSharding(flat, P(*dims)))

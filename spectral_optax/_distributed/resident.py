@@ -18,7 +18,7 @@ from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
 from spectral_optax._distributed.wide import from_wide, move_dtype, to_wide
-from spectral_optax._mesh.layout import context_mesh, mesh_order, spec_axes
+from spectral_optax._mesh.layout import context_mesh, device_view, mesh_order, spec_axes
 
 __all__ = ["resident_axes", "stage_resident"]
 
@@ -55,7 +55,7 @@ def stage_resident(resident, members, xs, scale_of, compute_dtype, coefficients,
     together, zero-padded to a multiple of ``devices`` and dealt in equal shares. The result is
     the same permutation-invariant stack (:mod:`~spectral_optax._distributed.execute`);
     ``finish`` inverts every move."""
-    flat = jax.sharding.AbstractMesh((devices,), ("_devices",), axis_types=(jax.sharding.AxisType.Auto,))
+    flat = device_view((devices,), ("_devices",))
     dealt = jax.sharding.NamedSharding(flat, P("_devices"))
     parts, layouts = [], []
     for (_, g), x, d in zip(members, xs, resident):

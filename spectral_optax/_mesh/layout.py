@@ -22,6 +22,7 @@ Two regimes:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,6 +38,8 @@ __all__ = [
     "distribution_axes",
     "explicit_spec",
     "gathered",
+    "replica_axes",
+    "replica_groups",
 ]
 
 #: What ``axis_name=`` accepts: a mesh axis name, a tuple of names, a
@@ -169,7 +172,7 @@ def blocks_local(x, g, devices: int):
         return x
     spec: list = [None] * x.ndim
     spec[max(axes, key=lambda a: g.shape[a])] = "_devices"
-    flat = jax.sharding.AbstractMesh((devices,), ("_devices",), axis_types=(jax.sharding.AxisType.Auto,))
+    flat = device_view((devices,), ("_devices",))
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(flat, P(*spec)))
 
 
@@ -317,3 +320,52 @@ def context_mesh(mesh):
 def mesh_order(mesh, axes) -> tuple[str, ...]:
     """``axes`` in the order of ``mesh``'s axes (the devices' order over them)."""
     return tuple(a for a in context_mesh(mesh).axis_names if a in axes)
+
+
+#: The replica groups the distributed orthogonalization is traced within (:func:`replica_groups`).
+_REPLICAS: list[int] = [1]
+
+
+@contextlib.contextmanager
+def replica_groups(count: int):
+    """While tracing the distributed orthogonalization on a mesh whose leading axes replicate every
+    parameter (:func:`replica_axes`): every view of the devices (:func:`device_view`) gets a leading
+    ``'_replica'`` axis of ``count`` groups, so the plan's moves and Gram sums stay within each group."""
+    _REPLICAS.append(int(count))
+    try:
+        yield
+    finally:
+        _REPLICAS.pop()
+
+
+def replica_count() -> int:
+    """The replica groups of :func:`replica_groups` (1 outside it)."""
+    return _REPLICAS[-1]
+
+
+def device_view(shape: Sequence[int], names: Sequence[str]):
+    """An ``Auto`` ``AbstractMesh`` of the devices of one replica group viewed as ``shape`` (axes
+    ``names``), led by ``('_replica', R)`` inside :func:`replica_groups` with ``R > 1`` (the
+    replica axes lead the leaves' mesh, so the flat device order matches)."""
+    r = replica_count()
+    shape, names = ((r, *shape), ("_replica", *names)) if r > 1 else (tuple(shape), tuple(names))
+    return jax.sharding.AbstractMesh(tuple(shape), tuple(names), axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+
+
+def replica_axes(mesh, axes: Sequence[str], specs: Sequence[Any]) -> tuple[str, ...]:
+    """The leading axes of ``mesh`` among ``axes`` that no spec of ``specs`` names, when every spec is
+    known (``Explicit`` meshes): parameters are replicated over them (the replica axis of multi-slice
+    training, whose links are the slow ones), so the orthogonalization runs within each replica group
+    (docs/sharding.md, "3-D meshes"). Empty when the specs are unknown or name no axis at all."""
+    if mesh is None or not axes or any(sp is None for sp in specs):
+        return ()
+    named = {a for sp in specs for entry in sp for a in spec_axes(entry)}
+    if not named & set(axes):
+        return ()
+    lead = []
+    for a in mesh.axis_names:
+        if a in named:
+            break
+        if a in axes:
+            lead.append(a)
+    return tuple(lead)

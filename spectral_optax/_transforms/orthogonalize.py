@@ -67,9 +67,15 @@ from spectral_optax._mesh.layout import (
     keeping_specs,
     manual_axes,
     mesh_size,
+    replica_axes,
+    replica_groups,
 )
 
 SCALES = ("spectral", "muon", "rms")
+#: Replica groups run the orthogonalization each on their own devices (no traffic over the replica
+#: axes, the slow links of multi-slice training) while that costs at most this factor in flops per
+#: device over spreading it on every device (docs/sharding.md, "3-D meshes: within each replica group").
+REPLICA_FLOPS_FACTOR = 4.0
 NS_METHODS = ("auto", "standard", "gram")
 
 
@@ -223,12 +229,16 @@ def orthogonalize_via_newton_schulz(
         axes = distribution_axes(mesh)
         leaves = [out[i] for i, _ in members]
         if axes and distribute is not False and not manual_axes(mesh):
-            plan = _plan(groups, flat, mesh_size(mesh, axes), *plan_args)
             specs = [explicit_spec(x, x.ndim) for x in leaves]
+            axes, replicas, plan = _within_replicas(groups, flat, mesh, axes, specs, plan_args)
             scale_of = lambda g: orthogonal_update_scale(g, scale)
-            run = lambda *xs: run_plan(
-                groups, plan, xs, orthogonalize, scale_of, compute_dtype, ns_coefficients, specs, mesh, axes
-            )
+
+            def run(*xs):
+                with replica_groups(mesh_size(mesh, replicas)):
+                    return run_plan(
+                        groups, plan, xs, orthogonalize, scale_of, compute_dtype, ns_coefficients, specs, mesh, axes
+                    )
+
         else:  # one device, inside shard_map, or distribute=False (XLA partitions the matmuls)
             run = lambda *xs: _run_batched(groups, xs, orthogonalize, scale)
         for (i, _), y in zip(members, keeping_specs(run, leaves, mesh)):
@@ -282,6 +292,22 @@ def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, pre
     return pack_groups(
         plans, devices, steps=n_steps, compute_itemsize=cdtype.itemsize, whole_methods=methods, flops_per_byte=fpb
     )
+
+
+def _within_replicas(groups, flat, mesh, axes, specs, plan_args):
+    """``(axes, replica axes, plan)``: the plan within each replica group (the leading mesh axes no
+    spec names, :func:`~spectral_optax._mesh.layout.replica_axes`) unless repeating the work in every
+    group costs more than :data:`REPLICA_FLOPS_FACTOR` times the flops of spreading it over every
+    device (a large data-parallel axis over small model groups), else over every axis of ``axes``."""
+    replicas = replica_axes(mesh, axes, specs)
+    every = _plan(groups, flat, mesh_size(mesh, axes), *plan_args)
+    if replicas:
+        inner = tuple(a for a in axes if a not in replicas)
+        within = _plan(groups, flat, mesh_size(mesh, inner), *plan_args)
+        flops = lambda plan: sum(g.flops for g in plan.values())
+        if flops(within) <= REPLICA_FLOPS_FACTOR * flops(every):
+            return inner, replicas, within
+    return axes, (), every
 
 
 def _run_batched(groups, leaves, orthogonalize, scale):
@@ -338,7 +364,8 @@ def orthogonalization_plan(
       updates: a tree of arrays or ``jax.ShapeDtypeStruct`` (shapes, dtypes and, for the device
         count, shardings as the updates will have them; parameters have the same).
       devices: number of devices the work is spread over; ``None``: every device of the mesh in
-        the leaves' shardings, excluding ``Manual`` axes (1 when there is none).
+        the leaves' shardings, excluding ``Manual`` axes and, on ``Explicit`` meshes, leading axes
+        no leaf is sharded over (a replica group's devices; 1 when there is no mesh).
       geometry: as in :func:`~spectral_optax.orthogonalize_via_newton_schulz`.
       ns_coefficients: as in :func:`~spectral_optax.orthogonalize_via_newton_schulz` (default ``'auto'``, as there).
       ns_steps: as in :func:`~spectral_optax.orthogonalize_via_newton_schulz`.
@@ -355,6 +382,13 @@ def orthogonalization_plan(
     groups = _groups(flat, as_geometry_map(geometry), tuple(kinds))
     if devices is None:
         mesh = next((m for m in (aval_mesh(x) for _, x in flat) if m is not None), None)
-        devices = mesh_size(mesh, distribution_axes(mesh)) if mesh is not None else 1
+        devices = 1
+        if mesh is not None:
+            axes = distribution_axes(mesh)
+            specs = [getattr(getattr(x, "sharding", None), "spec", None) for _, x in flat if hasattr(x, "shape")]
+            explicit = any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+            args = (ns_coefficients, ns_steps, compute_dtype, ns_method, precision, flops_per_byte)
+            axes = _within_replicas(groups, flat, mesh, axes, specs if explicit else [None], args)[0]
+            devices = mesh_size(mesh, axes)
     plans = _plan(groups, flat, devices, ns_coefficients, ns_steps, compute_dtype, ns_method, precision, flops_per_byte)
     return OrthogonalizationPlan(devices, tuple(plans.values()))
