@@ -26,9 +26,9 @@ import optax
 
 import spectral_optax as so
 from benchmarks import _devices
-from benchmarks._common import environment, time_update_steps, write_json
 from benchmarks.depth_transfer import _table
 from spectral_optax import lab
+from spectral_optax.lab.cli import environment, time_update_steps, write_json
 
 #: printed by every --quick run (issue 21, item 5: a quick preset that does not reproduce its default's
 #: verdict says so)
@@ -213,7 +213,7 @@ def _common_ylim(axes, results, metric):
 def timed_train_steps(family, data, cfg, lrs: dict, depth: int, reps: int = 15) -> dict:
     """Seconds per training step (forward, backward, update; one run, not the vmapped grid) of each
     scaled optimizer at ``depth`` and its LR in ``lrs``, compiled first, then timed interleaved in one
-    process (``benchmarks._common.time_update_steps``): the wall-clock axis of the which-optimizer figure
+    process (``benchmarks.cli.time_update_steps``): the wall-clock axis of the which-optimizer figure
     rests on ratios measured side by side, not on the sweep's per-run shares taken at different times."""
     import jax
 

@@ -39,8 +39,8 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import spectral_optax as so  # noqa: E402
-from benchmarks import _common  # noqa: E402
 from spectral_optax import lab  # noqa: E402
+from spectral_optax.lab import cli  # noqa: E402
 from spectral_optax.nn.linen import ResidualMLP  # noqa: E402
 
 
@@ -101,7 +101,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None, help="seeds (default: 1; 3 in the gpu preset)")
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
-    _common.add_dtype_argument(p)
+    cli.add_dtype_argument(p)
     _devices.add_arguments(p)
     args = p.parse_args(argv)
     devices = _devices.setup(args)
@@ -114,7 +114,7 @@ def main(argv=None):
         cfg["depths"] = tuple(int(d) for d in args.depths.split(","))
     if args.steps:
         cfg["steps"] = args.steps
-    model_dtype, ns_dtype, numerics = _common.lab_numerics(args.dtype)
+    model_dtype, ns_dtype, numerics = cli.lab_numerics(args.dtype)
     opts = _optimizers(ns_dtype)
     if args.optimizers:
         wanted = args.optimizers.split(",")
@@ -183,7 +183,7 @@ def main(argv=None):
         "table": table,
         "wall_s": time.time() - t0,
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "environment": _common.environment(),
+        "environment": cli.environment(),
     }
     if args.json and _devices.is_writer():
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -55,9 +55,9 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import spectral_optax as so  # noqa: E402
-from benchmarks._common import environment, loglog_slope, parser, write_json  # noqa: E402
 from benchmarks._depth import preset_with_overrides  # noqa: E402
 from spectral_optax import lab  # noqa: E402
+from spectral_optax.lab.cli import environment, loglog_slope, parser, write_json  # noqa: E402
 
 OPTIMIZERS = ("muon", "moga", "mup_adamw", "spectral_sgd", "adamw_sp")
 MUP_FAMILY = ("muon", "moga", "mup_adamw", "spectral_sgd")

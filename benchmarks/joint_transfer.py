@@ -39,8 +39,8 @@ _devices.early_flags()  # --devices N: before JAX starts
 import numpy as np  # noqa: E402
 
 import spectral_optax as so  # noqa: E402
-from benchmarks._common import environment, write_json  # noqa: E402
 from spectral_optax import lab  # noqa: E402
+from spectral_optax.lab.cli import environment, write_json  # noqa: E402
 
 PRESETS = {
     # A smoke test (<= 4 min on 2 cores): a smaller 3 x 3 grid. Muon's cost is dominated by Newton-Schulz

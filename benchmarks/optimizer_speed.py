@@ -12,7 +12,7 @@ training presets to the named methods.
 ``--preset methods``: the orthogonalization methods side by side (coefficient
 sets, preconditionings, standard / Gram-space with restarts): for each, the
 counted matmul flops on GPT-2 small's trees (the hidden kernels of
-:func:`benchmarks._common.hidden_kernel_tree`, and the package GPT's own
+:func:`benchmarks.cli.hidden_kernel_tree`, and the package GPT's own
 matrices: split q/k/v/out, MLP and the 768 x 50257 head) relative to 5
 standard quintic steps, the singular values of the result on the input's
 singular directions (those above 1e-2 of the largest) against a float64 SVD,
@@ -72,7 +72,7 @@ import optax
 
 import spectral_optax as so
 import spectral_optax._duals.polar as _ns  # flop model
-from benchmarks._common import (
+from spectral_optax.lab.cli import (
     environment,
     hidden_kernel_tree,
     parser,

@@ -59,10 +59,10 @@ import numpy as np
 import optax
 
 import spectral_optax as so
-from benchmarks import _common
 from benchmarks.width_transfer import MUP_EMBEDDING_LR_SCALE
 from spectral_optax import lab
 from spectral_optax import transfer as st
+from spectral_optax.lab import cli
 
 #: Per model: presets of the recipe (proxy and targets as (width, depth, steps, batch); LR-grid points (x2);
 #: seeds; ``controls``, see :func:`with_controls`), the single-rule studies, and the proxy's LR-grid centres.
@@ -393,10 +393,10 @@ def fitted_exponents(res, axis, best_key="best", proxy_key="proxy_best"):
     per_seed = {}
     for s in seeds:
         ys = [res[proxy_key][s]] + [t[best_key][s] for t in res["targets"].values()]
-        per_seed[s] = _common.loglog_slope(xs, ys)
+        per_seed[s] = cli.loglog_slope(xs, ys)
     proxy_mean = res["proxy_lambda"] if "proxy_lambda" in res else res["proxy_lr"]
     mean = [proxy_mean] + [t["regret"][next(iter(t["regret"]))]["best_lr"] for t in res["targets"].values()]
-    return {"per_seed": per_seed, "mean": _common.loglog_slope(xs, mean)}
+    return {"per_seed": per_seed, "mean": cli.loglog_slope(xs, mean)}
 
 
 def report(name, res, variants):
@@ -448,7 +448,7 @@ def report_wd(name, res):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", choices=sorted(MODELS))
     p.add_argument("--study", default="recipe", choices=("recipe", "horizon", "batch", "wd"))
     p.add_argument("--preset", default=None, choices=("quick", "default"))
@@ -543,7 +543,7 @@ def main(argv=None):
     fig = os.path.join(args.out, f"recipe_{args.study}{suffix}.png")
     plot(results, fig, "weight decay lambda" if args.study == "wd" else "peak LR")
     print(f"figure: {fig}")
-    _common.write_json(
+    cli.write_json(
         args.json,
         {
             "benchmark": "recipe",
@@ -563,7 +563,7 @@ def main(argv=None):
                 for n, r in results.items()
             },
             "seconds": elapsed,
-            "environment": _common.environment(),
+            "environment": cli.environment(),
         },
     )
     return results

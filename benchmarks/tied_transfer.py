@@ -54,9 +54,9 @@ import jax.numpy as jnp
 import optax
 
 import spectral_optax as so
-from benchmarks import _common
 from benchmarks.width_transfer import widest_regret
 from spectral_optax import lab
+from spectral_optax.lab import cli
 
 PRESETS = {
     # widths (the first is the proxy), LR-grid points, steps, seeds, context, batch size
@@ -410,7 +410,7 @@ def parse_constants(text: str | None) -> dict:
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
     p.add_argument("--models", default="tied,untied")
     p.add_argument("--optimizers", default=",".join(DEFAULT_OPTIMIZERS), help=f"of {sorted(OPTIMIZERS)}")
@@ -471,7 +471,7 @@ def main(argv=None):
     print_report(report, cfg["widths"])
     elapsed = time.time() - t0
     print(f"\n({elapsed:.0f} s)")
-    _common.write_json(
+    cli.write_json(
         args.json,
         {
             "benchmark": "tied_transfer",
@@ -492,7 +492,7 @@ def main(argv=None):
             "tuning": {m: r["tuning"] for m, r in report.items()},
             "runs": {m: [x for res in r["results"].values() for x in res.runs] for m, r in report.items()},
             "seconds": elapsed,
-            "environment": _common.environment(),
+            "environment": cli.environment(),
         },
     )
     return report

@@ -47,8 +47,8 @@ _devices.early_flags()  # --devices N: before JAX starts
 import optax  # noqa: E402
 
 import spectral_optax as so  # noqa: E402
-from benchmarks import _common  # noqa: E402
 from spectral_optax import lab  # noqa: E402
+from spectral_optax.lab import cli  # noqa: E402
 
 BASE_WIDTH = 64
 
@@ -145,7 +145,7 @@ def transfer_verdict(regrets: dict, tolerance: float = REGRET_TOLERANCE) -> dict
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--data", default="text", help="text | text:PATH | digits | cifar10:DIR | cifar100:DIR")
     p.add_argument("--model", default="mlp", choices=("mlp", "resmlp"))
     p.add_argument("--optimizers", default=None, help="comma-separated subset")
@@ -168,7 +168,7 @@ def main(argv=None):
         default=MUP_EMBEDDING_LR_SCALE,
         help=f"mup_adamw's embedding LR multiplier (default {MUP_EMBEDDING_LR_SCALE:g}; 1: plain mup_adamw)",
     )
-    _common.add_dtype_argument(p)
+    cli.add_dtype_argument(p)
     p.add_argument("--no-progress", action="store_true")
     _devices.add_arguments(p)
     args = p.parse_args(argv)
@@ -176,7 +176,7 @@ def main(argv=None):
 
     preset = args.preset or ("quick" if args.quick else "default")
     quick = preset == "quick"
-    accelerator = _common.on_accelerator()
+    accelerator = cli.on_accelerator()
     cfg = settings(preset, accelerator, args.muon_max_width)
     widths = [int(w) for w in args.widths.split(",")] if args.widths else cfg["widths"]
     num_lrs = args.num_lrs or cfg["num_lrs"]
@@ -184,7 +184,7 @@ def main(argv=None):
     batch_size = args.batch_size or 32
     seeds = list(range(args.seeds or cfg["seeds"]))
     muon_max = cfg["muon_max_width"]
-    model_dtype, ns_dtype, numerics = _common.lab_numerics(args.dtype)
+    model_dtype, ns_dtype, numerics = cli.lab_numerics(args.dtype)
 
     data = lab.load(args.data, context=args.context, flatten=True)
     residual = args.model == "resmlp"
@@ -215,7 +215,7 @@ def main(argv=None):
     print(
         f"width transfer: data={data.name}, model={args.model}, widths={widths}, "
         f"{num_lrs} LRs (x2), {steps} steps, batch {batch_size}, seeds {seeds}, {args.dtype}, "
-        f"backend {_common.environment()['backend']}, data fingerprint {_common.data_fingerprint(data)}"
+        f"backend {cli.environment()['backend']}, data fingerprint {cli.data_fingerprint(data)}"
         + (f" (Python {platform.python_version()}'s bundled text: compare yours)" if data.name == "text:pydoc" else "")
     )
     t0 = time.time()
@@ -291,7 +291,7 @@ def main(argv=None):
         results, fig, suptitle=f"width transfer: {data.name}, {args.model}, {steps} steps x batch {batch_size}"
     )
     print(f"figure: {fig}   results: {results_path}   ({elapsed:.0f} s)")
-    _common.write_json(
+    cli.write_json(
         args.json,
         {
             "benchmark": "width_transfer",
@@ -318,10 +318,10 @@ def main(argv=None):
             "regret": regrets,
             "verdict": verdict,
             "regret_tolerance": REGRET_TOLERANCE,
-            "data_fingerprint": _common.data_fingerprint(data),
+            "data_fingerprint": cli.data_fingerprint(data),
             "figure": fig,
             "seconds": elapsed,
-            "environment": _common.environment(),
+            "environment": cli.environment(),
         },
     )
     return summaries

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import _common, width_transfer
+from benchmarks import width_transfer
 from spectral_optax import lab
+from spectral_optax.lab import cli
 
 
 def _relu(x):
@@ -47,16 +48,16 @@ def test_mlp_compute_dtype_bf16_with_f32_params():
 
 
 def test_lab_numerics():
-    model_dtype, ns_dtype, ctx = _common.lab_numerics("float32")
+    model_dtype, ns_dtype, ctx = cli.lab_numerics("float32")
     assert model_dtype is None and ns_dtype == jnp.float32
     with ctx():
         assert jax.config.jax_default_matmul_precision == "highest"
     with ctx():  # a fresh context manager every time (one per sweep)
         pass
-    model_dtype, ns_dtype, ctx = _common.lab_numerics("bfloat16")
+    model_dtype, ns_dtype, ctx = cli.lab_numerics("bfloat16")
     assert model_dtype == jnp.bfloat16 and ns_dtype == jnp.bfloat16
     with pytest.raises(ValueError, match="dtype"):
-        _common.lab_numerics("float16")
+        cli.lab_numerics("float16")
 
 
 def test_width_transfer_budget_by_backend():
@@ -71,7 +72,7 @@ def test_width_transfer_budget_by_backend():
 @pytest.mark.slow
 def test_width_transfer_skips_nothing_on_an_accelerator(tmp_path, monkeypatch):
     # On a CPU the quick preset stops Muon at width 256 (settings above).
-    monkeypatch.setattr(_common, "on_accelerator", lambda: True)
+    monkeypatch.setattr(cli, "on_accelerator", lambda: True)
     out = tmp_path / "w.json"
     width_transfer.main(
         [

@@ -50,8 +50,12 @@ with each best LR refined by a parabola fit in log-LR around the grid
 minimum (:func:`refine_minimum`). Always read it next to ``loss_at_best``: a
 task whose loss reaches its floor over a wide LR band has no well-defined
 best LR.
+
+The benchmarks' shared command line, JSON writer and environment record are
+:mod:`spectral_optax.lab.cli` (``from spectral_optax.lab import cli``).
 """
 
+from spectral_optax.lab import cli as cli
 from spectral_optax.lab._data import (
     DataError,
     Dataset,

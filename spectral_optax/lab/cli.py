@@ -1,4 +1,17 @@
-"""Shared command-line plumbing for the lab benchmarks (public API only)."""
+"""What every benchmark command shares: its argument parser, JSON writer, environment record and timer.
+
+The benchmarks under ``benchmarks/`` are thin presets over :mod:`spectral_optax.lab`; this module is their one
+command-line, JSON and environment helper (a benchmark never writes JSON or records its machine on its own)::
+
+    from spectral_optax.lab import cli
+
+    p = cli.parser("my sweep")              # --quick, --json PATH, --out DIR
+    cli.add_dtype_argument(p)               # --dtype float32|bfloat16
+    args = p.parse_args()
+    model_dtype, ns_dtype, numerics = cli.lab_numerics(args.dtype)
+    ...
+    cli.write_json(args.json, {"summary": ..., "environment": cli.environment()})
+"""
 
 from __future__ import annotations
 
@@ -12,6 +25,7 @@ import numpy as np
 
 
 def parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every benchmark takes: ``--quick``, ``--json PATH``, ``--out DIR``."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true", help="small preset (< 3 minutes on 2 CPU cores)")
     p.add_argument("--json", default=None, help="write the results as JSON to this path")
@@ -20,6 +34,8 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def to_jsonable(x):
+    """``x`` with NumPy scalars and arrays as Python numbers and lists, dict keys as strings, non-finite floats
+    as ``None`` (JSON has no NaN)."""
     if isinstance(x, dict):
         return {str(k): to_jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -35,6 +51,8 @@ def to_jsonable(x):
 
 
 def write_json(path, payload: dict) -> None:
+    """Write ``payload`` (through :func:`to_jsonable`) to ``path``, making its directory; nothing when ``path``
+    is ``None``."""
     if path is None:
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -44,6 +62,7 @@ def write_json(path, payload: dict) -> None:
 
 
 def environment() -> dict:
+    """The machine a result was measured on: UTC date, JAX version, backend, devices, Python version."""
     import jax
 
     return {
@@ -121,7 +140,7 @@ def time_update_steps(optimizers: dict, params, grads, reps: int, extra: dict | 
         jax.block_until_ready(fn())
         fns[name] = fn
     names = list(fns)
-    times = {n: [] for n in names}
+    times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(reps):
         for n in names[r % len(names) :] + names[: r % len(names)]:
             t0 = time.perf_counter()
