@@ -41,7 +41,6 @@ import optax
 
 import spectral_optax as so
 from spectral_optax import lab
-from spectral_optax.lab._models import embed_init, kernel_init
 
 
 def run(data, *, width, depth, lr, tau, steps, seed, context, batch_size, clip):
@@ -53,8 +52,8 @@ def run(data, *, width, depth, lr, tau, steps, seed, context, batch_size, clip):
         max_len=context,
         qkv="fused",
         record_max_logits=True,
-        kernel_init=kernel_init("spectral", gain=1.0),
-        embedding_init=embed_init("spectral"),
+        kernel_init=lab.kernel_init("spectral", gain=1.0),
+        embedding_init=lab.embed_init("spectral"),
     )
     x0, _ = data.numpy_batch("train", np.zeros((batch_size,), np.int64))
     params = model.init(jax.random.key(seed), jnp.asarray(x0))["params"]
@@ -125,8 +124,8 @@ def width_sweep_runs(data, cfg, *, lrs, tau, clip):
             base_blocks=2,
             qkv="fused",
             record_max_logits=True,
-            kernel_init=kernel_init("spectral", gain=1.0),
-            embedding_init=embed_init("spectral"),
+            kernel_init=lab.kernel_init("spectral", gain=1.0),
+            embedding_init=lab.embed_init("spectral"),
         )
         geometry = so.GeometryMap.from_linen(model, example_x)
 

@@ -179,7 +179,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 import spectral_optax as so
 from spectral_optax._duals.polar import newton_schulz_flops, newton_schulz_method
-from benchmarks.sharded_speed import compiled_costs
+from spectral_optax.lab.cli import compiled_costs
 
 mesh = jax.make_mesh((8,), ("data",))
 shape = (64, 256)

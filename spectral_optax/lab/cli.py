@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import time
 
 import numpy as np
@@ -192,3 +193,95 @@ def lab_numerics(dtype: str = "float32"):
     if dtype == "bfloat16":
         return jnp.bfloat16, jnp.bfloat16, contextlib.nullcontext
     raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+
+
+#: The HLO ops :func:`collective_bytes` counts.
+COLLECTIVES = (
+    "all-gather",
+    "all-gather-start",
+    "all-reduce",
+    "all-reduce-start",
+    "all-to-all",
+    "reduce-scatter",
+    "collective-permute",
+    "collective-permute-start",
+    "collective-broadcast",
+    "ragged-all-to-all",
+)
+_BYTES = {
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "s8": 1,
+    "u8": 1,
+    "pred": 1,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+}
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
+_SHAPE = re.compile(r"\b([a-z]+[0-9]*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+
+
+def _type_bytes(type_str: str) -> int:
+    total = 0
+    for dtype, dims in _SHAPE.findall(type_str):
+        if dtype not in _BYTES:
+            continue
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * _BYTES[dtype]
+    return total
+
+
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Operand bytes of every collective op in an HLO module's text, by op name.
+
+    Each instruction ``%name = TYPE op(%a, %b, ...)`` defines ``name``'s type;
+    a collective's bytes are the sizes of its operands' types (one device's
+    share of the data it puts into the collective).
+    """
+    types: dict[str, str] = {}
+    calls = []
+    for line in hlo_text.splitlines():
+        m = _DEF.match(line)
+        if not m:
+            continue
+        name, type_str, op, rest = m.groups()
+        types[name] = type_str
+        if op in COLLECTIVES:
+            depth, args = 0, ""
+            for ch in rest:  # operands up to the matching ')'
+                if ch == "(":
+                    depth += 1
+                elif ch == ")":
+                    if depth == 0:
+                        break
+                    depth -= 1
+                args += ch
+            calls.append((op.removesuffix("-start"), [a.strip().lstrip("%") for a in args.split(",") if a.strip()]))
+    out: dict[str, int] = {}
+    for op, operands in calls:
+        nbytes = 0
+        for a in operands:
+            a = a.split(" ")[-1].lstrip("%")  # "f32[..] %x" or "%x"
+            nbytes += _type_bytes(types.get(a, ""))
+        out[op] = out.get(op, 0) + nbytes
+    return out
+
+
+def compiled_costs(jitted, *args) -> tuple[float, int]:
+    """``(flops, collective bytes)`` of one device's compiled program for ``jitted(*args)``."""
+    compiled = jitted.lower(*args).compile()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    flops = float((cost or {}).get("flops", 0.0))
+    return flops, int(sum(collective_bytes(compiled.as_text()).values()))
