@@ -54,7 +54,6 @@ import jax.numpy as jnp
 import optax
 
 import spectral_optax as so
-from benchmarks.width_transfer import widest_regret
 from spectral_optax import lab
 from spectral_optax.lab import cli
 
@@ -355,7 +354,7 @@ def run(
             results[name], summaries[name], chosen[name] = res, res.summary(), consts
         report[model_name] = {
             "summary": summaries,
-            "regret": widest_regret(results, summaries),
+            "regret": lab.widest_regret(results, summaries),
             "results": results,
             "constants": chosen,
             "tuning": tuning,

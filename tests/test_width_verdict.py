@@ -1,12 +1,12 @@
-"""The quickstart's regret and verdict (benchmarks.width_transfer) on synthetic sweeps with a known answer."""
+"""The width studies' regret and verdict (lab.widest_regret, lab.transfer_verdict) on synthetic sweeps with a known answer."""
 
 import math
 import types
 
 import pytest
 
-from benchmarks.width_transfer import REGRET_TOLERANCE, transfer_verdict, widest_regret
 from spectral_optax import lab
+from spectral_optax.lab import REGRET_TOLERANCE, transfer_verdict, widest_regret
 
 GRID = [0.01 * 2.0**k for k in range(-3, 4)]
 

@@ -22,6 +22,9 @@ API (all public, used by the benchmarks and reusable for any sweep)::
 
     base = family(64).shapes()             # muP base shapes, if the optimizer needs them
     opt = lambda lr, size: so.mup_adamw(lr, base=base)
+    #   or one of the registry's named configurations (their LR-grid centres per
+    #   experiment, the constants tuned at its proxy):
+    #   lab.optimizer('mup_adamw')(lr, base=base), lab.optimizer('muon').grid('gpt_width', 8)
     #   an optimizer factory: (lr, size) -> optax.GradientTransformation (or lr -> ...),
     #   called inside vmap with a traced scalar lr.
 
@@ -77,7 +80,8 @@ from spectral_optax.lab._models import (
     resnet_family,
 )
 from spectral_optax.lab._plots import plot_sweep, plot_sweeps, savefig
-from spectral_optax.lab._regret import regret
+from spectral_optax.lab._registry import EXPERIMENTS, OPTIMIZERS, Optimizer, optimizer
+from spectral_optax.lab._regret import REGRET_TOLERANCE, regret, transfer_verdict, widest_regret
 from spectral_optax.lab._summary import lr_grid, refine_minimum, spread_steps, summarize
 from spectral_optax.lab._sweep import (
     SweepResult,
@@ -107,12 +111,19 @@ __all__ = [
     "plot_sweep",
     "plot_sweeps",
     "savefig",
+    "EXPERIMENTS",
+    "OPTIMIZERS",
+    "Optimizer",
+    "optimizer",
     "SweepResult",
     "append_run",
     "load_runs",
     "lr_grid",
     "refine_minimum",
     "regret",
+    "REGRET_TOLERANCE",
+    "widest_regret",
+    "transfer_verdict",
     "spread_steps",
     "summarize",
     "sweep",
