@@ -296,38 +296,3 @@ def test_guide_section_states_the_names_and_defaults():
     )
     assert "inputs of RMS 1 unless `input_norm=`" in section
     assert inspect.signature(so.qk_clip).parameters["source"].default == "logits"
-
-
-@pytest.mark.slow
-def test_width_sweep_loop_reproduces_lab_sweep_and_counts_clipped_heads():
-    """benchmarks.qk_clip --width-sweep trains in its own loop (to pass the logits and keep the schedule
-    before the clip): unclipped it must be lab.sweep's run of gpt_width's Muon, and the clip must act."""
-    from benchmarks.gpt_width import optimizer_factory
-    from benchmarks.qk_clip import width_sweep_runs
-    from spectral_optax import lab
-
-    data = lab.load("text", context=16, sequence=True)
-    cfg = {"widths": (32,), "depth": 1, "steps": 6, "batch_size": 4, "seeds": 1}
-    lrs = [0.03, 0.3]
-    mine = width_sweep_runs(data, cfg, lrs=lrs, tau=1e9, clip=False)
-    ref = lab.sweep(
-        lab.gpt_family(data, vary="width", depth=1, init="spectral"),
-        optimizer_factory("muon"),
-        sizes=[32],
-        lrs=lrs,
-        data=data,
-        steps=6,
-        batch_size=4,
-        seeds=[0],
-        schedule="warmup_cosine",
-        eval_examples=256,
-        progress=False,
-    ).runs
-    for a, b in zip(mine, sorted(ref, key=lambda r: r["lr"])):
-        assert a["lr"] == pytest.approx(b["lr"]) and a["clipped_head_steps"] == 0
-        np.testing.assert_allclose([a["train_loss"], a["val_loss"]], [b["train_loss"], b["val_loss"]], rtol=1e-4)
-    # tau under every logit: every head of every step is clipped, and the run differs from the unclipped one
-    low = width_sweep_runs(data, cfg, lrs=lrs, tau=1e-3, clip=True)
-    for a, b in zip(low, mine):
-        assert a["clipped_head_steps"] == a["head_steps"] == 6 * 1 * 2
-        assert a["val_loss"] != b["val_loss"]

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+import spectral_optax as so
 from spectral_optax import lab
 from spectral_optax.lab import Model
 
@@ -255,3 +256,45 @@ def test_warmup_cosine_schedule_matches_closed_form_and_records_val(tmp_path):
     with pytest.raises(ValueError, match="schedule"):
         lab.sweep(quadratic_family, lambda lr: optax.sgd(lr), [1], lrs, data, steps=steps, batch_size=4,
                   progress=False, schedule="linear")
+
+
+def test_update_args_need_a_model_that_records():
+    data = lab.digits()
+    with pytest.raises(ValueError, match="loss_with_aux"):
+        lab.sweep(lab.mlp_family(data), lambda lr: optax.sgd(lr), [8], [0.1], data, steps=2, batch_size=4,
+                  progress=False, update_args=lambda aux: {})
+
+
+@pytest.mark.slow
+def test_sweep_passes_recorded_logits_to_the_update_and_clips_after_the_schedule():
+    """QK-clip through lab.sweep: the max logits of each step's forward pass reach ``update`` (update_args), the
+    clip sits after the schedule (after_schedule) and step_metrics records every step. A clip that never acts
+    leaves the runs equal to the plain sweep's; one under every logit clips every head of every step."""
+    data = lab.load("text", context=16, sequence=True)
+    family = lab.gpt_family(data, vary="width", depth=1, init="spectral", record_max_logits=True)
+    x0 = data.numpy_batch("train", [0])[0]
+    common = dict(sizes=[32], lrs=[0.03, 0.3], data=data, steps=6, batch_size=4, seeds=[0],
+                  schedule="warmup_cosine", eval_examples=256, progress=False)
+
+    def clipped(tau):
+        return lab.sweep(
+            family, lambda lr: so.muon(lr), **common,
+            update_args=lambda ml: {"max_logits": ml},
+            step_metrics=lambda ml: {"clipped": jnp.sum(ml["blocks/attn"] > tau), "peak": jnp.max(ml["blocks/attn"])},
+            after_schedule=lambda w: so.qk_clip(tau, geometry=family(w).geometry(x0)),
+        ).runs
+
+    plain = lab.sweep(lab.gpt_family(data, vary="width", depth=1, init="spectral"), lambda lr: so.muon(lr),
+                      **common).runs
+    never = clipped(1e9)
+    for a, b in zip(never, plain):
+        assert a["lr"] == pytest.approx(b["lr"])
+        assert a["step_metrics"]["clipped"] == [0.0] * 6
+        assert len(a["step_metrics"]["peak"]) == 6 and all(np.isfinite(a["step_metrics"]["peak"]))
+        np.testing.assert_allclose([a["train_loss"], a["val_loss"]], [b["train_loss"], b["val_loss"]], rtol=1e-4)
+    always = clipped(1e-3)
+    heads = 32 // 16  # one block, head_dim 16
+    for a, b in zip(always, never):
+        assert a["step_metrics"]["clipped"] == [float(heads)] * 6
+        assert a["val_loss"] != b["val_loss"]
+

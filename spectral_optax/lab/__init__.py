@@ -55,10 +55,12 @@ task whose loss reaches its floor over a wide LR band has no well-defined
 best LR.
 
 The benchmarks' shared command line, JSON writer and environment record are
-:mod:`spectral_optax.lab.cli` (``from spectral_optax.lab import cli``).
+:mod:`spectral_optax.lab.cli` (``from spectral_optax.lab import cli``); the depth studies on real
+architectures (forms, sweeps, figures, report) are :mod:`spectral_optax.lab.depth`.
 """
 
 from spectral_optax.lab import cli as cli
+from spectral_optax.lab import depth as depth
 from spectral_optax.lab._data import (
     DataError,
     Dataset,
@@ -82,7 +84,7 @@ from spectral_optax.lab._models import (
 from spectral_optax.lab._plots import plot_sweep, plot_sweeps, savefig
 from spectral_optax.lab._registry import EXPERIMENTS, OPTIMIZERS, Optimizer, optimizer
 from spectral_optax.lab._regret import REGRET_TOLERANCE, regret, transfer_verdict, widest_regret
-from spectral_optax.lab._summary import lr_grid, refine_minimum, spread_steps, summarize
+from spectral_optax.lab._summary import exponent_summaries, lr_grid, refine_minimum, spread_steps, summarize
 from spectral_optax.lab._sweep import (
     SweepResult,
     append_run,
@@ -126,6 +128,7 @@ __all__ = [
     "transfer_verdict",
     "spread_steps",
     "summarize",
+    "exponent_summaries",
     "sweep",
     "warmup_cosine",
 ]

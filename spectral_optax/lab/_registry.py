@@ -89,6 +89,12 @@ def _moga(p: float) -> Callable[..., optax.GradientTransformation]:
     return lambda lr, **kw: so.moga(lr, p=p, **kw)
 
 
+# Where the depth studies' centres come from (each moved while a preset's best LR sat on its grid's edge; the
+# runs are in docs/lab_log.md): gpt_depth: Muon's best peak LR about 0.07-0.09 at 60 steps, AdamW's scaled best
+# at the top edge around 8e-3 and MOGA p = 1.5's unscaled best at the lower edge around 3.2e-2 at 120 steps;
+# resnet_depth: Muon's best at 0.02-0.04 for K = 2, 4, MOGA and AdamW at the lower edges of grids around
+# 1.6e-2 and 8e-3 (chance-level loss above them). joint_mlp: mup_adamw's best at the top edge around 1.6e-2.
+# joint_gpt: gpt_width's best LRs at depth 2, MOGA's centre low enough for 60 steps.
 _ENTRIES = (
     Optimizer(
         "muon",

@@ -34,6 +34,25 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+#: Printed by every quick preset that is a smoke run of the machinery (``.format(benchmark=..., preset=...)``).
+SMOKE_NOTE = (
+    "--quick is a smoke run of the machinery (few depths / widths, few steps, one seed by default): "
+    "its spreads do not measure transfer; the measurement is `python -m benchmarks.{benchmark} "
+    "--preset {preset}` (docs/benchmarks.md)"
+)
+
+
+def preset_with_overrides(args, presets, keys) -> tuple[str, dict]:
+    """``(preset name, its config)`` (``--quick``, else ``--preset``, else ``'cpu'``) with every ``keys``
+    option the command line sets."""
+    preset = "quick" if args.quick else (args.preset or "cpu")
+    cfg = dict(presets[preset])
+    for key in keys:
+        if getattr(args, key, None) is not None:
+            cfg[key] = getattr(args, key)
+    return preset, cfg
+
+
 def to_jsonable(x):
     """``x`` with NumPy scalars and arrays as Python numbers and lists, dict keys as strings, non-finite floats
     as ``None`` (JSON has no NaN)."""
