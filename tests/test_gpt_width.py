@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks import gpt_width
+from spectral_optax import lab
 
 WIDTHS = (32, 64, 128, 256)
 GRID = [2.0**k for k in range(-12, 0)]  # factor-2 grid
@@ -42,29 +43,12 @@ def _slope(ws, ys):
     return float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
 
 
-def test_analyse_recovers_exponents_and_seed_interval():
-    out = gpt_width.analyse(_runs([-0.5, 0.0]), list(WIDTHS))
-    for what in ("train", "val"):
-        s = out[what]
-        e0, e1 = _slope(WIDTHS, _stars(-0.5)), _slope(WIDTHS, _stars(0.0))
-        assert s["exponent_per_seed"][0] == pytest.approx(e0, abs=1e-9)
-        assert s["exponent_per_seed"][1] == pytest.approx(e1, abs=1e-9)
-        assert s["exponent_interval"] == pytest.approx([min(e0, e1), max(e0, e1)], abs=1e-9)
-        # Seed-averaged loss: the mean of two parabolas of equal curvature has its vertex at the
-        # midpoint of the two minima in log2(lr) (inside half a grid step, so the refinement finds it).
-        mid = [2.0 ** (0.5 * (math.log2(a) + math.log2(b))) for a, b in zip(_stars(-0.5), _stars(0.0))]
-        np.testing.assert_allclose([s["best_lr"][w] for w in WIDTHS], mid, rtol=1e-9)
-        assert s["exponent"] == pytest.approx(_slope(WIDTHS, mid), abs=1e-9)
-        assert s["spread_steps"] == pytest.approx(math.log2(max(mid) / min(mid)), abs=1e-9)
-        assert s["at_edge"] == []
-
-
 def test_widest_verdict_and_table():
     runs = _runs([0.0, 0.0])
     summary = {}
     for name, shift in (("muon", 0.1), ("adamw_sp", 0.0)):
         shifted = [dict(r, train_loss=r["train_loss"] + shift, val_loss=r["val_loss"] - shift) for r in runs]
-        both = gpt_width.analyse(shifted, list(WIDTHS))
+        both = lab.exponent_summaries(shifted, list(WIDTHS))
         summary[name], summary[name + "/val"] = both["train"], both["val"]
     v = gpt_width.widest_verdict(summary, ["muon", "adamw_sp"], 256)
     assert v["train"]["loss_at_best"]["muon"] == pytest.approx(3.1)
@@ -144,8 +128,6 @@ def test_quadratic_steps_exact_on_a_quadratic(highest_precision):
 
 
 def test_route_labels_of_the_gpt():
-    from spectral_optax import lab
-
     data = lab.load("text", context=8, sequence=True)
     shapes = lab.gpt_family(data, vary="width", depth=2)(32).shapes()
     import jax
