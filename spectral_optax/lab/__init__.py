@@ -71,6 +71,7 @@ from spectral_optax.lab._data import (
     load,
     text,
 )
+from spectral_optax.lab._decoder import Decoder
 from spectral_optax.lab._models import (
     MLP,
     Model,
@@ -103,6 +104,7 @@ __all__ = [
     "load",
     "text",
     "MLP",
+    "Decoder",
     "Model",
     "embed_init",
     "gpt_family",
