@@ -33,7 +33,7 @@ import optax
 
 from spectral_optax import GeometryMap, collect_max_logits
 from spectral_optax.initializers import spectral_embedding, spectral_normal
-from spectral_optax.nn._sharded import Embed
+from spectral_optax.nn.linen import Embed
 
 __all__ = ["MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family", "resnet_family"]
 

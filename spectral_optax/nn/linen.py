@@ -508,6 +508,7 @@ class ResNet(nn.Module):
 
 
 __all__ = [
+    "Embed",
     "MLPBranch",
     "ResidualMLPBlock",
     "FusedSelfAttention",
