@@ -55,3 +55,14 @@ def test_analyse_recovers_exponents_and_seed_interval():
         assert s["exponent"] == pytest.approx(_slope(WIDTHS, mid), abs=1e-9)
         assert s["spread_steps"] == pytest.approx(math.log2(max(mid) / min(mid)), abs=1e-9)
         assert s["at_edge"] == []
+
+
+def test_refine_minimum_all_diverged_and_tied_neighbour():
+    """Every run diverged: (nan, -1); a right neighbour tied with the minimum puts the vertex at exactly +h/2."""
+    best, i = lab.refine_minimum([1.0, 2.0, 4.0], [np.nan, np.inf, np.nan])
+    assert math.isnan(best) and i == -1
+    y = [6.369616873214543e-08, 4.097352393619469e-09, 4.097352393619469e-09]
+    best, i = lab.refine_minimum([1.0, 2.0, 4.0], y)
+    u = np.log(np.array([1.0, 2.0, 4.0]))
+    h = 0.5 * (u[2] - u[0])
+    assert i == 1 and best == float(np.exp(u[1] + h / 2))

@@ -1,10 +1,15 @@
 """scale_by_spectral_norm and spectral_sgd against float64 NumPy SVD."""
 
+import math
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import spectral_optax as so
 from spectral_optax import Geometry
@@ -157,3 +162,58 @@ def test_spectral_sgd_schedule_and_inject_hyperparams():
     state.hyperparams["learning_rate"] = jnp.asarray(0.2)
     u, state = jax.jit(tx.update)(grads, state, params)
     np.testing.assert_allclose(float(jnp.linalg.norm(u["Dense_0"]["kernel"])), 0.2, rtol=1e-5)
+
+
+def f32(a):
+    return jnp.asarray(a, jnp.float32)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_spectral_sgd_decay_mask_reads_the_geometry():
+    """A leaf declared a vector by geometry= is spared by spectral_sgd's default decay mask."""
+    params = {"Dense_0": {"kernel": f32(np.arange(24.0).reshape(4, 6) / 10), "bias": f32(np.ones(6))}}
+    grads = jax.tree.map(jnp.zeros_like, params)
+    tx = so.spectral_sgd(1.0, weight_decay=0.5, geometry={r"Dense_0/kernel$": {"kind": "vector"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_array_equal(np.asarray(out["Dense_0"]["kernel"]), 0.0)
+    np.testing.assert_array_equal(np.asarray(out["Dense_0"]["bias"]), 0.0)
+    plain = so.spectral_sgd(1.0, weight_decay=0.5)
+    out, _ = plain.update(grads, plain.init(params), params)
+    np.testing.assert_allclose(np.asarray(out["Dense_0"]["kernel"]), -0.5 * np.asarray(params["Dense_0"]["kernel"]))
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_spectral_norm_state_is_replicated_on_the_params_mesh():
+    """init of scale_by_spectral_norm puts its vectors on the params' mesh (NamedSharding, replicated)."""
+    mesh = jax.make_mesh((1,), ("x",))
+    params = {"Dense_0": {"kernel": jax.device_put(jnp.ones((4, 6)), NamedSharding(mesh, P("x")))}}
+    state = so.scale_by_spectral_norm(method="power").init(params)
+    sharding = state.right_vectors.sharding
+    assert isinstance(sharding, NamedSharding) and sharding.spec == P() and sharding.mesh.axis_names == ("x",)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_power_method_reads_each_leafs_own_warm_start_vector():
+    """The warm-start vectors are read at the running offset of each matrix leaf (three leaves).
+
+    Leaf c's gradient has rank 1 along e_0; its own start vector is e_0 (one power step is exact),
+    while the slice one leaf earlier is orthogonal to e_0 (it would give sigma = 0)."""
+    rng = np.random.default_rng(0)
+    col = rng.standard_normal(4)
+    gc = np.zeros((4, 5))
+    gc[:, 0] = col
+    grads = {
+        "a": {"kernel": f32(rng.standard_normal((4, 2)))},
+        "b": {"kernel": f32(rng.standard_normal((4, 3)))},
+        "c": {"kernel": f32(gc)},
+    }
+    vec = np.ones(10, np.float32)  # a: [0, 2), b: [2, 5), c: [5, 10)
+    vec[3] = 0.0
+    vec[5:] = [1.0, 0.0, 0.0, 0.0, 0.0]
+    tx = so.scale_by_spectral_norm(method="power", power_iterations=1, initial_power_iterations=1)
+    state = tx.init(grads)._replace(count=jnp.ones([], jnp.int32), right_vectors=f32(vec))
+    out, _ = tx.update(grads, state)
+    want = math.sqrt(5 / 4) * gc / np.linalg.norm(col)
+    np.testing.assert_allclose(np.asarray(out["c"]["kernel"]), want, rtol=1e-5, atol=1e-6)

@@ -298,3 +298,55 @@ def test_sweep_passes_recorded_logits_to_the_update_and_clips_after_the_schedule
         assert a["step_metrics"]["clipped"] == [float(heads)] * 6
         assert a["val_loss"] != b["val_loss"]
 
+
+def _closed_form_losses(lr, multipliers):
+    """Per-step losses of SGD on the size-2 quadratic: e <- e (1 - lr m(t)), loss = e^2."""
+    e, out = -3.0, []
+    for m in multipliers:
+        out.append(e * e)
+        e *= 1.0 - lr * m
+    return out
+
+
+def test_warmup_cosine_values_against_hand_formula():
+    """warmup_cosine(20): linear ramp over W=1 step, then final + (1 - final)(1 + cos(pi (t - W)/(steps - W)))/2."""
+    steps = 20
+    m = lab.warmup_cosine(steps)
+    t = np.arange(steps)
+    ref = np.where(t < 1, (t + 1) / 1.0, 0.5 * (1 + np.cos(np.pi * np.clip(t - 1, 0, 19) / 19)))
+    np.testing.assert_allclose(np.asarray(m(jnp.asarray(t))), ref, rtol=1e-6, atol=1e-7)
+    m2 = lab.warmup_cosine(steps, warmup=0.2, final=0.1)
+    ref2 = np.where(t < 4, (t + 1) / 4.0, 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * np.clip(t - 4, 0, 16) / 16)))
+    np.testing.assert_allclose(np.asarray(m2(jnp.asarray(t))), ref2, rtol=1e-6, atol=1e-7)
+
+
+def test_sweep_records_schedule_on_a_mesh_and_resumes_by_schedule(tmp_path):
+    """A (lr, size) factory on a one-device 'runs' mesh with warmup_cosine matches SGD's closed form, records the
+    schedule name, no val_curve by default; the file reads back, and a constant-schedule rerun trains anew."""
+    data = lab.digits_binary()
+    path = str(tmp_path / "runs.jsonl")
+    kw = dict(steps=4, batch_size=2, results=path, progress=False, chunks=2, curve_points=4)
+    res = lab.sweep(
+        quadratic_family, lambda lr, n: optax.sgd(lr), [2], [0.1], data, schedule="warmup_cosine", devices=1, **kw
+    )
+    (rec,) = res.runs
+    assert rec["schedule"] == "warmup_cosine"
+    assert "val_curve" not in rec and "val_curve_steps" not in rec
+    # steps=4: W = 1, decay = 3: m = 1, 1, (1 + cos(pi/3))/2, (1 + cos(2 pi/3))/2
+    want = _closed_form_losses(0.1, [1.0, 1.0, 0.75, 0.25])
+    np.testing.assert_allclose(rec["curve"], want, rtol=1e-5)
+    np.testing.assert_allclose(rec["train_loss"], want[-1], rtol=1e-5)
+    loaded = lab.load_runs(path)
+    assert len(loaded) == 1 and loaded[0]["lr"] == 0.1 and loaded[0]["schedule"] == "warmup_cosine"
+    again = lab.sweep(quadratic_family, lambda lr, n: optax.sgd(lr), [2], [0.1], data, **kw)
+    (rec2,) = again.runs
+    assert rec2["schedule"] == "constant"
+    np.testing.assert_allclose(rec2["curve"], _closed_form_losses(0.1, [1.0] * 4), rtol=1e-5)
+    assert len(lab.load_runs(path)) == 2
+
+
+def test_sweep_refuses_a_seed_outside_uint32():
+    """A seed that does not fit the uint32 PRNG seed is refused instead of silently aliasing another seed."""
+    data = lab.digits_binary()
+    with pytest.raises(OverflowError):
+        lab.sweep(quadratic_family, optax.sgd, [2], [0.1], data, steps=2, batch_size=2, seeds=(2**32,), progress=False)
