@@ -1,30 +1,25 @@
-"""``so.orthogonalize_via_newton_schulz``: how same-shape matrices are batched through the iteration."""
+"""``so.orthogonalize_via_newton_schulz``: same-shape matrices, batched through the iteration together, come back
+each in its own place."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import spectral_optax as so
+
 
 @pytest.mark.usefixtures("highest_precision")
-def test_batched_orthogonalization_is_one_call_split_back():
-    """Same-shape matrices are stacked into one call of the iteration and split back in order.
-    (The padding to the owners / split sizes of a mesh now lives in the plan; tests/test_pod_plan.py
-    checks it against a float64 reference on 16 devices.)"""
-    from spectral_optax._transforms.orthogonalize import _batched
-
+def test_same_shape_matrices_come_back_in_their_own_places():
+    """Five leaves, three of one shape (one call of the iteration for them) and two of others: each update is
+    its own gradient's polar factor (``so.newton_schulz`` of that leaf alone) times one scalar, never another
+    leaf's."""
     rng = np.random.default_rng(14)
-    mats = [jnp.asarray(rng.standard_normal((n, 3, 5)), jnp.float32) for n in (2, 1, 2)]
-    seen = []
-
-    def iteration(stacked):
-        seen.append(stacked)
-        return stacked * 2.0 + jnp.arange(stacked.shape[0], dtype=stacked.dtype)[:, None, None]
-
-    blocks = _batched(mats, iteration)
-    assert len(seen) == 1 and seen[0].shape == (5, 3, 5)
-    assert [b.shape for b in blocks] == [(2, 3, 5), (1, 3, 5), (2, 3, 5)]
-    offset = 0
-    for b, m in zip(blocks, mats):  # each block is its own slices of the one result, in order
-        ref = 2.0 * np.asarray(m) + np.arange(offset, offset + m.shape[0])[:, None, None]
-        np.testing.assert_allclose(np.asarray(b), ref, rtol=1e-6)
-        offset += m.shape[0]
+    shapes = {"a": (3, 5), "b": (4, 4), "c": (3, 5), "d": (5, 3), "e": (3, 5)}
+    grads = {k: {"kernel": jnp.asarray(rng.standard_normal(s), jnp.float32)} for k, s in shapes.items()}
+    tx = so.orthogonalize_via_newton_schulz()
+    updates, _ = tx.update(grads, tx.init(grads))
+    for k in shapes:
+        u = np.asarray(updates[k]["kernel"], np.float64)
+        alone = np.asarray(so.newton_schulz(grads[k]["kernel"]), np.float64)
+        ratio = u / alone
+        np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-4, err_msg=k)
