@@ -10,6 +10,7 @@ once, here, and a benchmark that needs one names its experiment.
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,19 +20,21 @@ import spectral_optax as so
 
 #: The experiments the registry holds LR-grid centres for (peak LR; the benchmarks' grids are factor-2 grids
 #: around them), with the benchmark that measures each.
-EXPERIMENTS = {
-    "width_mlp": "benchmarks.width_transfer (byte-level MLP); benchmarks.recipe --model mlp",
-    "width_dense": "benchmarks.width_transfer on dense inputs, or with no embedding LR multiplier",
-    "gpt_width": "benchmarks.gpt_width; benchmarks.qk_clip",
-    "recipe_gpt": "benchmarks.recipe --model gpt (the proxy at width 32)",
-    "depth_mlp": "benchmarks.depth_transfer",
-    "gpt_depth": "benchmarks.gpt_depth",
-    "resnet_depth": "benchmarks.resnet_depth",
-    "joint_mlp": "benchmarks.joint_transfer",
-    "joint_gpt": "benchmarks.joint_transfer --model gpt",
-    "tied": "benchmarks.tied_transfer, the tied decoder",
-    "untied": "benchmarks.tied_transfer, the untied decoder",
-}
+EXPERIMENTS: Mapping[str, str] = types.MappingProxyType(
+    {
+        "width_mlp": "benchmarks.width_transfer (byte-level MLP); benchmarks.recipe --model mlp",
+        "width_dense": "benchmarks.width_transfer on dense inputs, or with no embedding LR multiplier",
+        "gpt_width": "benchmarks.gpt_width; benchmarks.qk_clip",
+        "recipe_gpt": "benchmarks.recipe --model gpt (the proxy at width 32)",
+        "depth_mlp": "benchmarks.depth_transfer",
+        "gpt_depth": "benchmarks.gpt_depth",
+        "resnet_depth": "benchmarks.resnet_depth",
+        "joint_mlp": "benchmarks.joint_transfer",
+        "joint_gpt": "benchmarks.joint_transfer --model gpt",
+        "tied": "benchmarks.tied_transfer, the tied decoder",
+        "untied": "benchmarks.tied_transfer, the untied decoder",
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,11 +195,15 @@ _ENTRIES = (
 )
 
 #: name -> :class:`Optimizer`: every named optimizer configuration of the lab.
-OPTIMIZERS: Mapping[str, Optimizer] = {o.name: o for o in _ENTRIES}
+OPTIMIZERS: Mapping[str, Optimizer] = types.MappingProxyType({o.name: o for o in _ENTRIES})
 
 
 def optimizer(name: str) -> Optimizer:
-    """The registry's :class:`Optimizer` called ``name`` (a clear error naming the known ones otherwise)."""
+    """The registry's :class:`Optimizer` called ``name``.
+
+    Args:
+      name: a key of :data:`OPTIMIZERS`; an unknown name raises ``KeyError`` listing the known ones.
+    """
     if name not in OPTIMIZERS:
         raise KeyError(f"unknown optimizer {name!r}; the lab has {list(OPTIMIZERS)}")
     return OPTIMIZERS[name]

@@ -134,7 +134,12 @@ def regret(
 
 def widest_regret(results, summaries) -> dict:
     """Per optimizer: the widest model's loss at the LR tuned (best grid LR) on the narrowest, its own best
-    and the difference (:func:`spectral_optax.lab.regret`; nats, and grid steps from the widest's best LR)."""
+    and the difference (:func:`spectral_optax.lab.regret`; nats, and grid steps from the widest's best LR).
+
+    Args:
+      results: name -> :class:`~spectral_optax.lab.SweepResult` (or anything with ``runs``) over widths.
+      summaries: name -> its :func:`~spectral_optax.lab.summarize` (``best_lr``, ``best_lr_grid``).
+    """
     out = {}
     for name, res in results.items():
         s = summaries[name]
@@ -159,7 +164,12 @@ def widest_regret(results, summaries) -> dict:
 def transfer_verdict(regrets: dict, tolerance: float = REGRET_TOLERANCE) -> dict:
     """Per optimizer: ``'transfers'`` when the regret of the seed-averaged curves is ``<= tolerance``, else
     ``'does not'``, with the margin ``tolerance - regret`` (nats). Each seed's own regret is kept for the
-    record, not for the verdict: one seed's curve is noisier than its LR's effect near the best LR."""
+    record, not for the verdict: one seed's curve is noisier than its LR's effect near the best LR.
+
+    Args:
+      regrets: name -> a :func:`widest_regret` entry (``regret``, optionally ``per_seed``).
+      tolerance: the largest regret (nats) that still counts as a transfer.
+    """
     out = {}
     for name, r in regrets.items():
         v = "transfers" if r["regret"] <= tolerance else "does not"

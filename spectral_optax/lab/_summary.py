@@ -137,6 +137,10 @@ def exponent_summaries(runs, sizes) -> dict:
     Each summary gains ``exponent`` (the least-squares slope of ``log best LR`` against ``log size``:
     0 when the best LR transfers, -1 when it falls as ``1 / size``), ``exponent_per_seed`` (each seed's
     own), ``exponent_interval`` (their range) and ``best_lr_per_seed``.
+
+    Args:
+      runs: run records of :func:`~spectral_optax.lab.sweep` (``size``, ``seed``, ``lr`` and the losses).
+      sizes: the sizes to fit over, in order.
     """
     from spectral_optax.lab.cli import loglog_slope
 

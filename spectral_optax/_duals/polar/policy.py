@@ -198,7 +198,7 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
         one, except that the safety factor is not applied to its last row.
       steps: number of iterations.
       compute_dtype: the iteration's dtype, for ``'auto'`` (``None``: the
-        backend's default, :func:`default_compute_dtype`).
+        backend's default, ``default_compute_dtype``).
 
     Returns:
       ``(tuple of (a, b, c), normalization safety factor)``, or the callable.
