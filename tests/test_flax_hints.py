@@ -1,28 +1,14 @@
 """Flax module hints: einsum layouts, the hints of Linen modules with or without a ``params`` prefix, and
 ``strict`` through ``GeometryMap.from_linen``; geometries written out by hand."""
 
-import warnings
 
 import flax.linen as nn
 import jax.numpy as jnp
 import pytest
+from test_name_rules import _axes, _resolve
 
-from spectral_optax import Geometry, GeometryError, GeometryMap, GeometryWarning
+from spectral_optax import GeometryError, GeometryMap, GeometryWarning
 from spectral_optax._geometry.flax_hints import _einsum_layout, _Layout, _module_layouts
-
-
-def _resolve(tree: dict, **kw) -> tuple[dict, list]:
-    """``{path: Geometry}`` of a ``{path: shape}`` tree by a fresh map, and the warnings it raised."""
-    gm = GeometryMap(**kw)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        geoms = gm.resolve(list(tree), list(tree.values()))
-    return dict(zip(tree, geoms)), caught
-
-
-def _axes(g: Geometry) -> tuple:
-    return g.kind, g.batch_axes, g.fan_in_axes, g.fan_out_axes, g.fan_out_splits, g.role
-
 
 EINSUM_HINT = {("attn",): {"kernel": _einsum_layout("BTD,NDH->BTNH")}}
 

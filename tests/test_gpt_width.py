@@ -9,38 +9,13 @@ every seed and of the seed average, and the spread are computed here in float64 
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
+from test_lab_summary import WIDTHS, _runs
 
 from benchmarks import gpt_width
 from spectral_optax import lab
-
-WIDTHS = (32, 64, 128, 256)
-GRID = [2.0**k for k in range(-12, 0)]  # factor-2 grid
-
-
-def _runs(exponents, scale=1e-2):
-    """Synthetic records: seed i's loss = 3 + 0.1 (log2 lr - log2 lr*_i(w))^2, lr*_i(w) on the grid."""
-    runs = []
-    for seed, s in enumerate(exponents):
-        for w in WIDTHS:
-            star = 2.0 ** round(math.log2(scale * (w / WIDTHS[0]) ** s))
-            for lr in GRID:
-                loss = 3.0 + 0.1 * (math.log2(lr) - math.log2(star)) ** 2
-                runs.append({"size": w, "seed": seed, "lr": lr, "train_loss": loss, "val_loss": loss + 0.2,
-                             "diverged": False})
-    return runs
-
-
-def _stars(s, scale=1e-2):
-    return [2.0 ** round(math.log2(scale * (w / WIDTHS[0]) ** s)) for w in WIDTHS]
-
-
-def _slope(ws, ys):
-    x, y = np.log(np.asarray(ws, float)), np.log(np.asarray(ys, float))
-    return float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
 
 
 def test_widest_verdict_and_table():

@@ -451,6 +451,7 @@ def sweep(
         ]
         if missing:
             todo[size] = missing
+    step_options = dict(update_args=update_args, step_metrics=step_metrics, after_schedule=after_schedule)
     mesh = _run_mesh(devices)
     n_dev = 1 if mesh is None else mesh.devices.size
     writer = jax.process_index() == 0
@@ -475,18 +476,7 @@ def sweep(
             t_start = time.time()
             model = family(size)
             init_p, chunk_p, eval_p = _make_programs(
-                model,
-                optimizer,
-                size,
-                data,
-                batch_size,
-                chunk_len,
-                eval_idx,
-                multiplier,
-                mesh,
-                update_args,
-                step_metrics,
-                after_schedule,
+                model, optimizer, size, data, batch_size, chunk_len, eval_idx, multiplier, mesh, **step_options
             )
             padded = missing + [missing[-1]] * (-len(missing) % n_dev)  # a multiple of the devices
             run_lrs = _on_runs(mesh, np.asarray([m[0] for m in padded], np.float32))

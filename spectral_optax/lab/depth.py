@@ -209,13 +209,19 @@ def sweep_figures(results, out, prefix, unit_title):
                     axes[i, j].set_ylabel("")
         _common_ylim(axes, results, metric)
         fig.suptitle(f"{unit_title}: {label} loss vs peak LR (warm-up + cosine)", fontsize=9)
-        fig.tight_layout()
-        path = os.path.join(out, f"{prefix}_{label}.png")
-        savefig(fig, path)
-        plt.close(fig)
-        print(f"wrote {path}")
-        paths.append(path)
+        paths.append(_write(fig, os.path.join(out, f"{prefix}_{label}.png")))
     return paths
+
+
+def _write(fig, path: str) -> str:
+    """Lay out, save and close ``fig``; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    savefig(fig, path)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
 
 
 def _common_ylim(axes, results, metric):
@@ -313,12 +319,7 @@ def which_optimizer_figure(results, summary, depth, out, prefix, unit_title, ste
             ax.set_ylim(min(finals) - 0.15, min(finals) + 1.5)
     axes[0, 0].legend(fontsize=6)
     fig.suptitle(f"{unit_title}, depth {depth}, scaled, each optimizer at its best LR", fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, f"{prefix}_which_optimizer.png")
-    savefig(fig, path)
-    plt.close(fig)
-    print(f"wrote {path}")
-    return path, rows
+    return _write(fig, os.path.join(out, f"{prefix}_which_optimizer.png")), rows
 
 
 def table(summary, depths, metric_suffix=""):
