@@ -30,7 +30,12 @@ from flax import nnx
 
 import spectral_optax as so
 from spectral_optax import Geometry, GeometryMap
-from spectral_optax._geometry import path_str
+
+
+def path_str(path) -> str:
+    """``'a/b/0'`` for a ``jax.tree_util`` key path (dict keys, attributes and sequence indices)."""
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
 
 # A truth entry: (kind, fan_in_axes, fan_out_axes, batch_axes, fan_out_splits, role).
 M, E, V = "matrix", "embedding", "vector"
