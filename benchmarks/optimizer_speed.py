@@ -692,7 +692,7 @@ def method_targets(payload):
 # --preset training: a short GPT run per orthogonalization method.
 # --------------------------------------------------------------------------
 #: name -> (lr -> optimizer, LR-grid center). A first run centred on gpt_depth's Muon centre 8e-2
-#: (``benchmarks.gpt_depth.CENTERS``) put every Muon variant's best LR at the grid's lower edge 0.04
+#: (the lab registry's ``gpt_depth`` centre for ``muon``) put every Muon variant's best LR at the grid's lower edge 0.04
 #: (2026-12-01, docs/lab_log.md, orthogonalization methods, second round), hence 4e-2; NorMuon (update RMS 0.2,
 #: ``scale='rms'``) had its best at 0.04 inside a grid centred there.
 def training_methods():
