@@ -61,12 +61,16 @@ def test_lab_numerics():
 
 
 def test_width_transfer_budget_by_backend():
-    assert width_transfer.settings("quick", accelerator=False)["muon_max_width"] == 512
-    assert width_transfer.settings("default", accelerator=False)["muon_max_width"] == 512
+    """On a CPU the quickstart runs Muon at every width of its preset (the CPU limit is the quick preset's widest)
+    and the default preset's wider models are skipped for Muon; on an accelerator nothing is skipped; the flag
+    wins everywhere."""
+    quick = width_transfer.settings("quick", accelerator=False)
+    assert quick["muon_max_width"] == max(quick["widths"])
+    default = width_transfer.settings("default", accelerator=False)
+    assert default["muon_max_width"] < max(default["widths"])
     for preset in ("quick", "default", "gpu"):
         assert width_transfer.settings(preset, accelerator=True)["muon_max_width"] is None
     assert width_transfer.settings("default", accelerator=True, muon_max_width=128)["muon_max_width"] == 128
-    assert width_transfer.settings("gpu", accelerator=True)["seeds"] >= 3
 
 
 @pytest.mark.slow
