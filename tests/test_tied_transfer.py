@@ -29,20 +29,15 @@ def test_models_start_at_ln_vocab_and_the_tied_one_carries_the_multiplier():
     assert notes == ["embed/embedding"]
 
 
+def _tiny_run(tmp_path, **kw):
+    """``tied_transfer.run`` on the tied model at widths 16 and 32, two steps of batch 2, context 8, one seed."""
+    fixed = dict(models=("tied",), widths=[16, 32], steps=2, seeds=[0], context=8, batch_size=2)
+    return tied_transfer.run(**fixed, out=str(tmp_path), progress=False, **kw)
+
+
 @pytest.mark.slow
 def test_quick_code_path_runs_and_reports(tmp_path):
-    report = tied_transfer.run(
-        models=("tied",),
-        optimizers=("muon", "adamw_sp"),
-        widths=[16, 32],
-        num_lrs=2,
-        steps=2,
-        seeds=[0],
-        context=8,
-        batch_size=2,
-        out=str(tmp_path),
-        progress=False,
-    )
+    report = _tiny_run(tmp_path, optimizers=("muon", "adamw_sp"), num_lrs=2)
     s = report["tied"]["summary"]
     assert set(s) == {"muon", "adamw_sp"}
     for name in s:
@@ -138,20 +133,7 @@ def test_emb_multiplies_the_tables_updates_only(name):
 @pytest.mark.slow
 def test_tune_picks_the_proxy_best_and_transfers_with_it(tmp_path, monkeypatch):
     monkeypatch.setitem(tied_transfer.TUNE_GRID, "muon", {"rb": (1.0, 4.0)})
-    report = tied_transfer.run(
-        models=("tied",),
-        optimizers=("muon",),
-        widths=[16, 32],
-        num_lrs=3,
-        steps=2,
-        seeds=[0],
-        context=8,
-        batch_size=2,
-        out=str(tmp_path),
-        progress=False,
-        tune=True,
-        eval_examples=16,
-    )
+    report = _tiny_run(tmp_path, optimizers=("muon",), num_lrs=3, tune=True, eval_examples=16)
     rows = report["tied"]["tuning"]["muon"]
     assert sorted(r["rb"] for r in rows) == [1.0, 4.0]
     best = min(rows, key=lambda r: r["loss"])
