@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import spectral_optax as so
-from spectral_optax.lab._models import embed_init, loss_for
+from spectral_optax.lab import embed_init, loss_for
 
 
 def test_standard_embed_init_has_std_one_over_sqrt_features():

@@ -21,7 +21,6 @@ SCRIPT = """
 import jax, jax.numpy as jnp, numpy as np, optax
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 import spectral_optax as so
-from spectral_optax._duals.polar import MUON_QUINTIC
 from spectral_optax._numerics import rms_normalize, unit_frobenius
 
 mesh = jax.make_mesh((4,), ("x",), axis_types=(AxisType.Auto,))
@@ -32,7 +31,7 @@ G = rng.standard_normal((2, 16, 48)).astype(np.float32)
 def ns_reference(g):  # float64, Frobenius-normalized, Muon's quintic, 5 steps
     x = g.astype(np.float64)
     x = x / np.linalg.norm(x, axis=(1, 2), keepdims=True)
-    a, b, c = MUON_QUINTIC
+    a, b, c = so.expert.MUON_QUINTIC
     for _ in range(5):
         A = x @ np.swapaxes(x, 1, 2)
         x = a * x + (b * A + c * A @ A) @ x
