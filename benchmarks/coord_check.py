@@ -45,8 +45,8 @@ import numpy as np
 import optax
 
 import spectral_optax as so
-from benchmarks import _common
 from spectral_optax import diagnostics, lab
+from spectral_optax.lab import cli
 
 SGD_RULES = ("muP", "NTP", "SP")
 TRUST_RULES = ("LARS", "LARS-spectral")
@@ -196,7 +196,7 @@ def paper_rows(widths, table):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--eta", type=float, default=0.1, help="global SGD learning rate at n = 64")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 16, quick 4)")
     p.add_argument("--max-width", type=int, default=4096)
@@ -272,13 +272,13 @@ def main(argv=None):
     fig = os.path.join(args.out, "coord_check.png")
     plot(widths, table, fig)
     print(f"figure: {fig}   ({elapsed:.1f} s)")
-    _common.write_json(args.json, {
+    cli.write_json(args.json, {
         "benchmark": "coord_check", "quick": args.quick, "eta": args.eta, "gain": args.gain, "d0": args.d0,
         "loss": args.loss, "trust_coefficient": args.trust_coefficient, "seeds": n_seeds, "widths": widths,
         "results": table, "ratio_last_first": ratio, "paper": PAPER,
         "beside_paper": [dict(zip(("rule", "metric", "ours_first", "paper_first", "ours_last", "paper_last"), r))
                          for r in rows],
-        "checks": checks, "figure": fig, "seconds": elapsed, "environment": _common.environment(),
+        "checks": checks, "figure": fig, "seconds": elapsed, "environment": cli.environment(),
     })
     return table
 

@@ -27,7 +27,6 @@ Public API only.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
@@ -36,31 +35,23 @@ from benchmarks import _devices
 _devices.early_flags()  # --devices N: before JAX starts
 
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 
-import spectral_optax as so  # noqa: E402
-from benchmarks import _common  # noqa: E402
 from spectral_optax import lab  # noqa: E402
+from spectral_optax.lab import cli  # noqa: E402
 from spectral_optax.nn.linen import ResidualMLP  # noqa: E402
+
+#: The registry's optimizers of the depth studies, most important first (their ``depth_mlp`` LR-grid centres).
+OPTIMIZERS = ("muon", "moga2", "adamw", "moga1.5", "moga2.5")
 
 
 def _optimizers(ns_dtype=None):
-    """name -> (factory lr -> GradientTransformation, LR-grid center), most important first.
-
-    Defaults of each optimizer (no weight decay); MOGA's row rule gives the
-    same entry size for every p at this width, so one grid center serves all.
-    ``ns_dtype``: Muon's Newton-Schulz compute dtype.
-    """
-    moga = lambda p: lambda lr: so.moga(lr, p=p)
+    """name -> (factory lr -> GradientTransformation, LR-grid center): the lab registry's configurations (each
+    optimizer's defaults, no weight decay); ``ns_dtype``: Muon's Newton-Schulz compute dtype."""
     opts = {}
-    if hasattr(so, "muon"):
-        opts["muon"] = (lambda lr: so.muon(lr, compute_dtype=ns_dtype), 4e-2)
-    if hasattr(so, "moga"):
-        opts["moga2"] = (moga(2.0), 4e-3)
-    opts["adamw"] = (lambda lr: optax.adamw(lr, weight_decay=0.0), 4e-3)
-    if hasattr(so, "moga"):
-        opts["moga1.5"] = (moga(1.5), 4e-3)
-        opts["moga2.5"] = (moga(2.5), 4e-3)
+    for name in OPTIMIZERS:
+        opt = lab.optimizer(name)
+        kw = {"compute_dtype": ns_dtype} if name == "muon" else {}
+        opts[name] = (lambda lr, opt=opt, kw=kw: opt(lr, **kw), opt.center("depth_mlp"))
     return opts
 
 
@@ -101,7 +92,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None, help="seeds (default: 1; 3 in the gpu preset)")
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
-    _common.add_dtype_argument(p)
+    cli.add_dtype_argument(p)
     _devices.add_arguments(p)
     args = p.parse_args(argv)
     devices = _devices.setup(args)
@@ -114,7 +105,7 @@ def main(argv=None):
         cfg["depths"] = tuple(int(d) for d in args.depths.split(","))
     if args.steps:
         cfg["steps"] = args.steps
-    model_dtype, ns_dtype, numerics = _common.lab_numerics(args.dtype)
+    model_dtype, ns_dtype, numerics = cli.lab_numerics(args.dtype)
     opts = _optimizers(ns_dtype)
     if args.optimizers:
         wanted = args.optimizers.split(",")
@@ -164,7 +155,7 @@ def main(argv=None):
 
     if _devices.is_writer():
         _best_lr_figure(summary, os.path.join(args.out, "depth_best_lr.png"))
-    table = _table(summary, cfg["depths"])
+    table = lab.depth.depth_table(summary, cfg["depths"])
     print(table)
     payload = {
         "benchmark": "depth_transfer",
@@ -183,13 +174,10 @@ def main(argv=None):
         "table": table,
         "wall_s": time.time() - t0,
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "environment": _common.environment(),
+        "environment": cli.environment(),
     }
-    if args.json and _devices.is_writer():
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(_jsonable(payload), f, indent=1)
-        print(f"wrote {args.json}")
+    if _devices.is_writer():
+        cli.write_json(args.json, payload)
     return payload
 
 
@@ -269,37 +257,6 @@ def _best_lr_figure(summary, path):
     lab.savefig(fig, path)
     plt.close(fig)
     print(f"wrote {path}")
-
-
-def _table(summary, depths):
-    head = "| optimizer | form | " + " | ".join(f"K={k}" for k in depths) + " | spread (grid steps) |"
-    sep = "|" + "---|" * (len(depths) + 3)
-    rows = [head, sep]
-    for key, s in summary.items():
-        name, form = key.split("/")
-        cells = []
-        for k in depths:
-            lr = s["best_lr"].get(k)
-            mark = "*" if k in s["at_edge"] else ""
-            cells.append("diverged" if lr is None or not np.isfinite(lr) else f"{lr:.3g}{mark}")
-        rows.append(f"| {name} | {form} | " + " | ".join(cells) + f" | {s['spread_steps']:.2f} |")
-    rows.append("(* = best LR at the edge of the grid)")
-    return "\n".join(rows)
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        return x if np.isfinite(x) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    return x
 
 
 if __name__ == "__main__":

@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import _common
 from spectral_optax import diagnostics, lab
+from spectral_optax.lab import cli
 
 PARAMS = ("muP", "NTP")
 METRICS = ("feature_change", "W2_spectral_change", "W2_frobenius_change", "alignment")
@@ -161,7 +161,7 @@ def plot(widths, table, curves, path, steps):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--wide", action="store_true", help="add widths 2048 and 4096")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 1e4, quick 1e3)")
     p.add_argument("--max-width", type=int, default=None)
@@ -199,11 +199,11 @@ def main(argv=None):
         table[pp] = {m: [float(raw[n][m][:, i].mean()) for n in widths]
                      for m in METRICS + ("final_loss",)}
         table[pp]["slopes"] = {
-            m: _common.loglog_slope(fit_w, [table[pp][m][widths.index(w)] for w in fit_w])
+            m: cli.loglog_slope(fit_w, [table[pp][m][widths.index(w)] for w in fit_w])
             for m in METRICS + ("final_loss",)
         }
         # One slope per seed: their spread is the seed spread of the slope.
-        per_seed = {m: [_common.loglog_slope(fit_w, [raw[w][m][k, i] for w in fit_w]) for k in range(len(seeds))]
+        per_seed = {m: [cli.loglog_slope(fit_w, [raw[w][m][k, i] for w in fit_w]) for k in range(len(seeds))]
                     for m in METRICS + ("final_loss",)}
         table[pp]["slopes_per_seed"] = per_seed
         table[pp]["slope_std"] = {m: float(np.std(v)) for m, v in per_seed.items()}
@@ -231,12 +231,12 @@ def main(argv=None):
     fig = os.path.join(args.out, "feature_learning.png")
     plot(widths, table, curves, fig, steps)
     print(f"figure: {fig}   ({elapsed:.1f} s)")
-    _common.write_json(args.json, {
+    cli.write_json(args.json, {
         "benchmark": "feature_learning", "quick": args.quick, "steps": steps, "lr": ETA, "data": data_name,
         "num_train": args.num_train, "d0": int(x.shape[1]), "classes": classes, "seeds": len(seeds),
         "widths": widths, "fit_widths": fit_w,
         "results": table, "curves": curves, "checks": checks, "figure": fig,
-        "seconds": elapsed, "environment": _common.environment(),
+        "seconds": elapsed, "environment": cli.environment(),
     })
     return table
 

@@ -33,8 +33,8 @@ from benchmarks import _devices
 
 _devices.early_flags()  # --devices N: before JAX starts
 
-from benchmarks import _depth  # noqa: E402
 from spectral_optax import lab  # noqa: E402
+from spectral_optax.lab import depth as _depth  # noqa: E402
 
 PRESETS = {
     # ~1e8 flops per step per LR at depth 16 (width 32, 512 tokens per step).
@@ -48,15 +48,9 @@ PRESETS = {
             "dtype": "bfloat16"},
 }
 
-#: LR-grid centers (peak LR), factor-2 grids around them.
-#: (--quick, 60 steps: Muon's best peak LR ~0.07-0.09, MOGA p=2's above 0.016; cpu, 120 steps: AdamW's
-#: scaled best LR at the grid's top edge 0.032 around 8e-3, hence 1.6e-2; MOGA p = 1.5's unscaled best LR at
-#: the lower edge 0.004 around 3.2e-2, hence 1.6e-2.)
-CENTERS = {"muon": 8e-2, "moga1.5": 1.6e-2, "moga2": 3.2e-2, "moga2.5": 3.2e-2, "adamw": 1.6e-2}
-
-
 def main(argv=None):
     p = _depth.parser(__doc__.splitlines()[0], PRESETS)
+    _devices.add_arguments(p)
     p.add_argument("--data", default="text", help="'text' (embedded pydoc text) or 'text:PATH'")
     p.add_argument("--context", type=int, default=None, help="sequence length (overrides the preset)")
     args = p.parse_args(argv)
@@ -77,9 +71,10 @@ def main(argv=None):
                               exponent=exponent if form != "unscaled" else 1.0)
 
     return _depth.run_and_report(
-        benchmark="gpt_depth", family=family, data=data, cfg=cfg, preset=preset, args=args, centers=CENTERS,
+        benchmark="gpt_depth", family=family, data=data, cfg=cfg, preset=preset, args=args,
         tag=tag, title=f"GPT (width {cfg['width']}, context {cfg['context']}, {cfg['steps']} steps)",
         units_per_step=cfg["batch_size"] * cfg["context"], unit="tokens",
+        devices=_devices.setup(args), writer=_devices.is_writer(),
     )
 
 

@@ -52,12 +52,10 @@ from benchmarks import _devices
 _devices.early_flags()  # --devices N: before JAX starts
 
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 
 import spectral_optax as so  # noqa: E402
-from benchmarks._common import environment, loglog_slope, parser, write_json  # noqa: E402
-from benchmarks._depth import preset_with_overrides  # noqa: E402
 from spectral_optax import lab  # noqa: E402
+from spectral_optax.lab.cli import environment, loglog_slope, parser, preset_with_overrides, write_json  # noqa: E402
 
 OPTIMIZERS = ("muon", "moga", "mup_adamw", "spectral_sgd", "adamw_sp")
 MUP_FAMILY = ("muon", "moga", "mup_adamw", "spectral_sgd")
@@ -74,26 +72,24 @@ PRESETS = {
             "steps": 2000, "num_lrs": 8, "seeds": 3, "optimizers": OPTIMIZERS, "dtype": "bfloat16"},
 }
 
-#: LR-grid centers (peak LR), factor-2 grids around them. (Starting points: gpt_depth's cpu preset at width
-#: 32, 120 steps, P1 init: Muon ~0.06, MOGA p = 2 ~0.01, AdamW ~0.02; SP AdamW's best LR falls with width.)
-CENTERS = {"muon": 6.4e-2, "moga": 1.6e-2, "mup_adamw": 1.6e-2, "spectral_sgd": 6.4e-2, "adamw_sp": 8e-3}
+#: LR-grid centers (peak LR), factor-2 grids around them: the lab registry's for this experiment.
+CENTERS = {name: lab.optimizer(name).center("gpt_width") for name in OPTIMIZERS}
 
 
 def optimizer_factory(name: str, base_shapes=None, muon_options=None, moga_options=None):
-    """``lr -> GradientTransformation`` (defaults, no weight decay) for a benchmark optimizer name;
-    ``muon_options`` / ``moga_options``: extra keyword arguments of ``so.muon`` (the drift ablations:
-    ``adam_learning_rate``, ``output``) / ``so.moga`` (``head_base_width``)."""
-    if name == "muon":
-        return lambda lr: so.muon(lr, **(muon_options or {}))
-    if name == "moga":
-        return lambda lr: so.moga(lr, p=2.0, **(moga_options or {}))
-    if name == "mup_adamw":
-        return lambda lr: so.mup_adamw(lr, base=base_shapes, weight_decay=0.0)
-    if name == "spectral_sgd":
-        return lambda lr: so.spectral_sgd(lr, momentum=0.9)
-    if name == "adamw_sp":
-        return lambda lr: optax.adamw(lr, weight_decay=0.0)
-    raise SystemExit(f"unknown optimizer {name!r}; have {OPTIMIZERS}")
+    """``lr -> GradientTransformation`` (the lab registry's configuration, no weight decay) for a benchmark
+    optimizer name; ``muon_options`` / ``moga_options``: extra keyword arguments of ``so.muon`` (the drift
+    ablations: ``adam_learning_rate``, ``output``) / ``so.moga`` (``head_base_width``)."""
+    if name not in OPTIMIZERS:
+        raise SystemExit(f"unknown optimizer {name!r}; have {OPTIMIZERS}")
+    options = {
+        "muon": muon_options or {},
+        "moga": moga_options or {},
+        "mup_adamw": {"base": base_shapes, "weight_decay": 0.0},
+        "adamw_sp": {"weight_decay": 0.0},
+    }.get(name, {})
+    opt = lab.optimizer(name)
+    return lambda lr: opt(lr, **options)
 
 
 def configure(args) -> tuple[str, dict]:
@@ -107,30 +103,6 @@ def configure(args) -> tuple[str, dict]:
     if unknown:
         raise SystemExit(f"unknown optimizers {unknown}; have {list(OPTIMIZERS)}")
     return preset, cfg
-
-
-def analyse(runs, widths) -> dict:
-    """``lab.summarize`` of the seed-averaged losses plus the width exponent and its seed interval,
-    for train (``'train'``) and validation (``'val'``) loss."""
-    out = {}
-    seeds = sorted({r["seed"] for r in runs})
-    for what, metric in (("train", "train_loss"), ("val", "val_loss")):
-        s = lab.summarize(runs, metric=metric)
-        best = [s["best_lr"].get(w, np.nan) for w in widths]
-        per_seed = {}
-        for seed in seeds:
-            ss = lab.summarize([r for r in runs if r["seed"] == seed], metric=metric)
-            per_seed[seed] = {w: ss["best_lr"].get(w, np.nan) for w in widths}
-        slopes = [loglog_slope(widths, [per_seed[sd][w] for w in widths]) for sd in seeds]
-        finite = [x for x in slopes if np.isfinite(x)]
-        s.update(
-            exponent=loglog_slope(widths, best),
-            exponent_per_seed=dict(zip(seeds, slopes)),
-            exponent_interval=[min(finite), max(finite)] if finite else [np.nan, np.nan],
-            best_lr_per_seed=per_seed,
-        )
-        out[what] = s
-    return out
 
 
 def widest_verdict(summary, optimizers, width) -> dict:
@@ -467,7 +439,7 @@ def main(argv=None):
             schedule="warmup_cosine", eval_examples=256, devices=devices,
         )
         results[name] = res
-        both = analyse(res.runs, widths)
+        both = lab.exponent_summaries(res.runs, widths)
         summary[name], summary[f"{name}/val"] = both["train"], both["val"]
         for key in (name, f"{name}/val"):
             s = summary[key]

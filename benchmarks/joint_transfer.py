@@ -38,9 +38,9 @@ _devices.early_flags()  # --devices N: before JAX starts
 
 import numpy as np  # noqa: E402
 
-import spectral_optax as so  # noqa: E402
-from benchmarks._common import environment, write_json  # noqa: E402
 from spectral_optax import lab  # noqa: E402
+from spectral_optax.lab import cli  # noqa: E402
+from spectral_optax.lab.cli import environment, write_json  # noqa: E402
 
 PRESETS = {
     # A smoke test (<= 4 min on 2 cores): a smaller 3 x 3 grid. Muon's cost is dominated by Newton-Schulz
@@ -57,13 +57,6 @@ GPT_PRESETS = {
     "cpu": {"widths": (32, 64, 128), "depths": (2, 4, 8), "steps": 120, "num_lrs": 5, "batch_size": 8,
             "optimizers": ("muon", "moga", "mup_adamw"), "context": 64},
 }
-#: LR-grid centers (peak LR), factor-2 grids around them. (cpu preset, 2026-11-29: mup_adamw's best LR at
-#: the top edge 0.064 around 1.6e-2 for widths 128 and 256, hence 3.2e-2.)
-CENTERS = {"muon": 4e-2, "moga": 1.6e-2, "mup_adamw": 3.2e-2}
-#: GPT centers: benchmarks.gpt_width's cpu preset (depth 2, widths 32..128; 2026-12-01): best LR Muon
-#: 0.063..0.045, MOGA 0.011..0.0065, mup_adamw 0.011..0.014; MOGA at 60 steps (--quick) 0.011..0.032+,
-#: hence its center 1.6e-2 (2026-12-01).
-GPT_CENTERS = {"muon": 5e-2, "moga": 1.6e-2, "mup_adamw": 1.2e-2}
 BASE_WIDTH = 64
 
 
@@ -100,7 +93,8 @@ def main(argv=None):
     preset = "quick" if args.quick else "cpu"
     gpt = args.model == "gpt"
     cfg = dict((GPT_PRESETS if gpt else PRESETS)[preset])
-    centers = GPT_CENTERS if gpt else CENTERS
+    experiment = "joint_gpt" if gpt else "joint_mlp"
+    centers = {name: lab.optimizer(name).center(experiment) for name in ("muon", "moga", "mup_adamw")}
     for key in ("widths", "depths"):
         if getattr(args, key):
             cfg[key] = tuple(int(v) for v in getattr(args, key).split(","))
@@ -114,9 +108,7 @@ def main(argv=None):
         raise SystemExit(f"unknown optimizers {unknown}; have {list(centers)}")
 
     if preset == "quick":
-        from benchmarks._depth import SMOKE_NOTE
-
-        print(SMOKE_NOTE.format(benchmark="joint_transfer", preset="cpu").replace(
+        print(cli.SMOKE_NOTE.format(benchmark="joint_transfer", preset="cpu").replace(
             " --preset cpu", " --model gpt" if gpt else ""), flush=True)
     if gpt:
         data = lab.load("text", context=cfg["context"], sequence=True)
@@ -136,12 +128,14 @@ def main(argv=None):
         return families[w](d)
 
     def factory(name):
+        """The lab registry's configuration of ``name``, with the head options of the command line."""
+        opt = lab.optimizer(name)
         if name == "muon":
-            return lambda lr: so.muon(lr, output=args.muon_head)
+            return lambda lr: opt(lr, output=args.muon_head)
         if name == "moga":
-            return lambda lr: so.moga(lr, p=2.0, **moga_options)
+            return lambda lr: opt(lr, **moga_options)
         bases = {d: depth_family(BASE_WIDTH)(d).shapes() for d in cfg["depths"]}
-        return lambda lr, size: so.mup_adamw(lr, base=bases[_decode(size)[1]])
+        return lambda lr, size: opt(lr, base=bases[_decode(size)[1]])
 
     moga_options = {} if args.moga_head_base is None else {"head_base_width": args.moga_head_base}
     tags = {"moga": "".join(f"-{k}={v}" for k, v in moga_options.items()),

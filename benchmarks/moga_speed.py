@@ -18,7 +18,7 @@ import jax
 import optax
 
 import spectral_optax as so
-from benchmarks._common import environment, hidden_kernel_tree, parser, time_update_steps, write_json
+from spectral_optax.lab.cli import environment, hidden_kernel_tree, parser, time_update_steps, write_json
 
 TARGET = 1.5
 

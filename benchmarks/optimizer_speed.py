@@ -12,7 +12,7 @@ training presets to the named methods.
 ``--preset methods``: the orthogonalization methods side by side (coefficient
 sets, preconditionings, standard / Gram-space with restarts): for each, the
 counted matmul flops on GPT-2 small's trees (the hidden kernels of
-:func:`benchmarks._common.hidden_kernel_tree`, and the package GPT's own
+:func:`spectral_optax.lab.cli.hidden_kernel_tree`, and the package GPT's own
 matrices: split q/k/v/out, MLP and the 768 x 50257 head) relative to 5
 standard quintic steps, the singular values of the result on the input's
 singular directions (those above 1e-2 of the largest) against a float64 SVD,
@@ -71,8 +71,7 @@ import numpy as np
 import optax
 
 import spectral_optax as so
-import spectral_optax._duals.polar as _ns  # flop model
-from benchmarks._common import (
+from spectral_optax.lab.cli import (
     environment,
     hidden_kernel_tree,
     parser,
@@ -131,9 +130,9 @@ def orthogonalization_flops(tree):
     actual = equivalent = 0
     for leaf in jax.tree.leaves(tree):
         m, n = leaf.shape
-        method = _ns.newton_schulz_method(m, n, STEPS, jnp.float32)
-        actual += _ns.newton_schulz_flops(m, n, STEPS, method)
-        equivalent += _ns.newton_schulz_flops(m, n, STEPS, "standard")
+        method = so.expert.newton_schulz_method(m, n, STEPS, jnp.float32)
+        actual += so.expert.newton_schulz_flops(m, n, STEPS, method)
+        equivalent += so.expert.newton_schulz_flops(m, n, STEPS, "standard")
     return actual, equivalent
 
 
@@ -342,7 +341,7 @@ def run_gpu_tree(label, d, blocks, reps, matmul_n):
     for k in extra:
         del med[k]
     actual = sum(
-        _ns.newton_schulz_flops(*x.shape, STEPS, _ns.newton_schulz_method(*x.shape, STEPS, jnp.bfloat16))
+        so.expert.newton_schulz_flops(*x.shape, STEPS, so.expert.newton_schulz_method(*x.shape, STEPS, jnp.bfloat16))
         for x in jax.tree.leaves(shapes)
     )
     equivalent = orthogonalization_flops(shapes)[1]
@@ -556,18 +555,18 @@ def method_flops(coef, steps, dtype, method="auto", preconditioning=None):
         for m, n, count in shapes:
             c, k, meth, restarts = coef, steps, method, None
             if coef in ("auto", "power4_schedule"):
-                c, meth, restarts = (_ns.auto_schedule(m, n, jnp.dtype(dtype)) if coef == "auto"
-                                     else _ns.power4_schedule(m, n))
-                k = len(_ns.resolve_coefficients(c)[0])
-            prec = preconditioning or _ns.default_preconditioning(c)
-            chosen = _ns.newton_schulz_method(m, n, k, jnp.dtype(dtype), meth)
+                c, meth, restarts = (so.expert.auto_schedule(m, n, jnp.dtype(dtype)) if coef == "auto"
+                                     else so.expert.power4_schedule(m, n))
+                k = len(so.expert.resolve_coefficients(c)[0])
+            prec = preconditioning or so.expert.default_preconditioning(c)
+            chosen = so.expert.newton_schulz_method(m, n, k, jnp.dtype(dtype), meth)
             if chosen == "gram":
-                restarts = _ns.gram_restarts(k, jnp.dtype(dtype), restarts=restarts)
+                restarts = so.expert.gram_restarts(k, jnp.dtype(dtype), restarts=restarts)
             restarts = restarts if chosen == "gram" else ()
-            flops = _ns.newton_schulz_flops(m, n, k, chosen, restarts=restarts, preconditioning=prec)
+            flops = so.expert.newton_schulz_flops(m, n, k, chosen, restarts=restarts, preconditioning=prec)
             total += count * flops
-            matvec += count * (flops - _ns.newton_schulz_flops(m, n, k, chosen, restarts=restarts))
-            base += count * _ns.newton_schulz_flops(m, n, 5, "standard")
+            matvec += count * (flops - so.expert.newton_schulz_flops(m, n, k, chosen, restarts=restarts))
+            base += count * so.expert.newton_schulz_flops(m, n, 5, "standard")
         out[tree] = {"flops": total, "ratio_to_quintic5": total / base, "matvec_flops": matvec,
                      "matmul_ratio_to_quintic5": (total - matvec) / base}
     return out
@@ -611,7 +610,7 @@ def run_methods(args):
             for method in ("standard", "gram"):
                 kw = dict(coefficients=coef, steps=steps, preconditioning=prec, compute_dtype=dtype, method=method)
                 row = {"method": name, "dtype": dtype, "iteration": method,
-                       "restarts": list(_ns.gram_restarts(steps, jnp.dtype(dtype))) if method == "gram" else [],
+                       "restarts": list(so.expert.gram_restarts(steps, jnp.dtype(dtype))) if method == "gram" else [],
                        "flops": method_flops(coef, steps, dtype, "standard" if method == "standard" else "auto",
                                              prec)}
                 row.update({n: _quality(sets[n], bases[n], **kw) for n in sets})
@@ -625,8 +624,8 @@ def run_methods(args):
     # precision they depend on the matrix's shape, auto_schedule).
     defaults = {}
     for dtype in DTYPES:
-        coef = "/".join(sorted({_ns.auto_schedule(*sh, jnp.dtype(dtype))[0] for sh in ((768, 768), (768, 3072))}))
-        steps = len(_ns.resolve_coefficients(_ns.auto_coefficients(jnp.dtype(dtype)))[0])
+        coef = "/".join(sorted({so.expert.auto_schedule(*sh, jnp.dtype(dtype))[0] for sh in ((768, 768), (768, 3072))}))
+        steps = len(so.expert.resolve_coefficients(so.expert.auto_schedule(1, 1, jnp.dtype(dtype))[0])[0])
         defaults[dtype] = {"coefficients": coef, "steps": steps, "flops": method_flops("auto", None, dtype),
                            **{n: _quality(sets[n], bases[n], compute_dtype=dtype) for n in sets}}
         print(f"  default[{dtype}]: {coef} {steps} steps, flops x"
@@ -693,7 +692,7 @@ def method_targets(payload):
 # --preset training: a short GPT run per orthogonalization method.
 # --------------------------------------------------------------------------
 #: name -> (lr -> optimizer, LR-grid center). A first run centred on gpt_depth's Muon centre 8e-2
-#: (``benchmarks.gpt_depth.CENTERS``) put every Muon variant's best LR at the grid's lower edge 0.04
+#: (the lab registry's ``gpt_depth`` centre for ``muon``) put every Muon variant's best LR at the grid's lower edge 0.04
 #: (2026-12-01, docs/lab_log.md, orthogonalization methods, second round), hence 4e-2; NorMuon (update RMS 0.2,
 #: ``scale='rms'``) had its best at 0.04 inside a grid centred there.
 def training_methods():

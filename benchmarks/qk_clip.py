@@ -14,15 +14,15 @@ Outputs in OUT: ``qk_clip.png`` (max logit per layer over steps, clipped and unc
 with ``--json``, every run's curves and final losses.
 
 ``--width-sweep`` instead runs ``benchmarks.gpt_width``'s Muon sweep (its ``quick`` preset:
-widths 32, 64, 128, depth 2, context 32, batch 8, 80 steps, Muon's factor-2 grid of 5 peak
-LRs around 0.064, 5% warm-up + cosine, 2 seeds, the same init and batches as ``lab.sweep``)
-twice, without and with ``so.qk_clip(tau)``, in its own loop: ``lab.sweep`` gives the
-optimizer no logits and scales the updates by the schedule *after* the optimizer, which
-would undo the clip, so here the schedule sits before it,
-``chain(so.muon(lr), scale_by_schedule(m), so.qk_clip(tau))``. Reported per condition: the
-best LR per width, its spread in grid steps, the regret (nats and grid steps) at the widest
-width of the narrowest width's best grid LR (``lab.regret``), and how many heads the clip
-scaled (head-steps with ``S^h > tau``).
+widths 32, 64, 128, depth 2, context 32, batch 8, 80 steps, the registry's factor-2 grid of 5
+peak LRs around Muon's ``gpt_width`` centre, 5% warm-up + cosine, 2 seeds) twice, without and
+with ``so.qk_clip(tau)``, through ``lab.sweep``: the max logits of each step's forward pass go
+to the update (``update_args``), the clip is chained after the schedule's multiplier
+(``after_schedule``: a multiplier after it would undo it) and every step's clipped heads and
+peak logit are recorded (``step_metrics``). Reported per condition: the best LR per width, its
+spread in grid steps, the regret (nats and grid steps) at the widest width of the narrowest
+width's best grid LR (``lab.regret``), and how many heads the clip scaled (head-steps with
+``S^h > tau``).
 
     python -m benchmarks.qk_clip --width-sweep [--tau 20] [--json PATH]
 """
@@ -30,7 +30,6 @@ scaled (head-steps with ``S^h > tau``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
@@ -41,7 +40,11 @@ import optax
 
 import spectral_optax as so
 from spectral_optax import lab
-from spectral_optax.lab._models import embed_init, kernel_init
+from spectral_optax.lab import cli
+
+#: ``--width-sweep``: ``benchmarks.gpt_width``'s quick preset (its Muon LR grid: the registry's ``gpt_width`` centre).
+WIDTH_SWEEP = {"widths": (32, 64, 128), "depth": 2, "context": 32, "batch_size": 8, "steps": 80, "num_lrs": 5,
+               "seeds": 2}
 
 
 def run(data, *, width, depth, lr, tau, steps, seed, context, batch_size, clip):
@@ -53,8 +56,8 @@ def run(data, *, width, depth, lr, tau, steps, seed, context, batch_size, clip):
         max_len=context,
         qkv="fused",
         record_max_logits=True,
-        kernel_init=kernel_init("spectral", gain=1.0),
-        embedding_init=embed_init("spectral"),
+        kernel_init=lab.kernel_init("spectral", gain=1.0),
+        embedding_init=lab.embed_init("spectral"),
     )
     x0, _ = data.numpy_batch("train", np.zeros((batch_size,), np.int64))
     params = model.init(jax.random.key(seed), jnp.asarray(x0))["params"]
@@ -103,91 +106,61 @@ def run(data, *, width, depth, lr, tau, steps, seed, context, batch_size, clip):
     }
 
 
-def width_sweep_runs(data, cfg, *, lrs, tau, clip):
-    """Run records (``lab.sweep``'s fields ``size, seed, lr, train_loss, val_loss, diverged``, plus
-    ``clipped_head_steps``, ``head_steps``, ``peak_max_logit``) of Muon on ``gpt_width``'s GPT family,
-    every (width, LR, seed) of the grid, without (``clip=False``) or with ``so.qk_clip(tau)``."""
-    steps, batch = cfg["steps"], cfg["batch_size"]
-    multiplier = lab.warmup_cosine(steps)
-    train = tuple(jnp.asarray(a) for a in data.train)
-    val = tuple(jnp.asarray(a) for a in data.val)
-    eval_idx = jnp.asarray(np.linspace(0, data.num_val - 1, min(256, data.num_val)).round().astype(np.int32))
-    example_x = jnp.asarray(data.numpy_batch("train", [0])[0])
-    tail = max(1, int(np.ceil(0.05 * steps)))
+def width_sweep_runs(data, cfg, *, lrs, tau, clip, results=None):
+    """Run records (``lab.sweep``'s, plus ``clipped_head_steps``, ``head_steps``, ``peak_max_logit``) of the
+    registry's Muon on ``gpt_width``'s GPT family, every (width, LR, seed) of the grid, warm-up + cosine, without
+    (``clip=False``) or with ``so.qk_clip(tau)`` chained after the schedule (``lab.sweep``'s ``after_schedule``:
+    the clip caps the step as applied), the max logits of every step's forward pass passed to the update."""
+    family = lab.gpt_family(data, vary="width", depth=cfg["depth"], init="spectral", record_max_logits=True)
+    example_x = data.numpy_batch("train", [0])[0]
+    muon = lab.optimizer("muon")
+    res = lab.sweep(
+        family,
+        lambda lr: muon(lr),
+        cfg["widths"],
+        lrs,
+        data,
+        steps=cfg["steps"],
+        batch_size=cfg["batch_size"],
+        seeds=list(range(cfg["seeds"])),
+        results=results,
+        name=f"qk_clip({tau:g})" if clip else "muon",
+        tag=f"qk_clip/d{cfg['depth']}",
+        size_name="width",
+        eval_examples=256,
+        progress=False,
+        schedule="warmup_cosine",
+        update_args=lambda ml: {"max_logits": ml},
+        step_metrics=lambda ml: {
+            "clipped_heads": jnp.sum(ml["blocks/attn"] > tau),
+            "max_logit": jnp.max(ml["blocks/attn"]),
+        },
+        after_schedule=(lambda w: so.qk_clip(tau, geometry=family(w).geometry(example_x))) if clip else None,
+    )
     runs = []
-    for width in cfg["widths"]:
-        model = so.nn.linen.Transformer(  # lab.gpt_family(data, vary="width", depth=2, init="spectral")(width)
-            vocab_size=data.num_outputs,
-            features=width,
-            num_blocks=cfg["depth"],
-            num_heads=max(1, width // 16),
-            max_len=data.context,
-            base_blocks=2,
-            qkv="fused",
-            record_max_logits=True,
-            kernel_init=kernel_init("spectral", gain=1.0),
-            embedding_init=embed_init("spectral"),
-        )
-        geometry = so.GeometryMap.from_linen(model, example_x)
-
-        def make_opt(lr, geometry=geometry):
-            opt = optax.chain(so.muon(lr), optax.scale_by_schedule(multiplier))  # gpt_width's so.muon(lr)
-            return optax.chain(opt, so.qk_clip(tau, geometry=geometry)) if clip else opt
-
-        def loss_fn(p, x, y, model=model):
-            logits, inter = model.apply({"params": p}, x, mutable=["intermediates"])
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y).mean()
-            return loss, so.collect_max_logits(inter)["blocks/attn"]
-
-        def one_run(lr, seed, model=model, make_opt=make_opt, loss_fn=loss_fn):
-            k_init, k_data = jax.random.split(jax.random.key(seed))
-            params = model.init(k_init, example_x)["params"]
-            opt = make_opt(lr)
-
-            def step(carry, t):
-                p, s = carry
-                idx = jax.random.randint(jax.random.fold_in(k_data, t), (batch,), 0, data.num_train)
-                x, y = data.batch(train, idx)
-                (loss, ml), g = jax.value_and_grad(loss_fn, has_aux=True)(p, x, y)
-                u, s = opt.update(g, s, p, max_logits={"blocks/attn": ml})
-                return (optax.apply_updates(p, u), s), (loss, jnp.sum(ml > tau), jnp.max(ml))
-
-            (params, _), (losses, clipped, peak) = jax.lax.scan(step, (params, opt.init(params)), jnp.arange(steps))
-            x, y = data.batch(val, eval_idx)
-            return losses, clipped, peak, loss_fn(params, x, y)[0]
-
-        grid = [(lr, seed) for seed in range(cfg["seeds"]) for lr in lrs]
-        t0 = time.time()
-        out = jax.jit(jax.vmap(one_run))(
-            jnp.asarray([g[0] for g in grid], jnp.float32), jnp.asarray([g[1] for g in grid], jnp.uint32)
-        )
-        losses, clipped, peak, val_loss = (np.asarray(a) for a in out)
-        heads = cfg["depth"] * max(1, width // 16)
-        for j, (lr, seed) in enumerate(grid):
-            tr, va = float(np.mean(losses[j, -tail:])), float(val_loss[j])
-            runs.append({
-                "size": width, "seed": seed, "lr": lr, "train_loss": tr, "val_loss": va,
-                "diverged": not (np.isfinite(tr) and np.isfinite(va)),
-                "clipped_head_steps": int(clipped[j].sum()), "head_steps": steps * heads,
-                "peak_max_logit": float(np.max(peak[j])),
-            })
-        print(f"  clip={clip} width {width}: {len(grid)} runs, {time.time() - t0:.0f}s", flush=True)
+    for r in res.runs:
+        m = r["step_metrics"]
+        heads = cfg["depth"] * max(1, int(r["size"]) // 16)
+        runs.append({
+            **r,
+            "clipped_head_steps": int(np.nansum(np.asarray(m["clipped_heads"], float))),
+            "head_steps": int(r["steps"]) * heads,
+            "peak_max_logit": float(np.nanmax(np.asarray(m["max_logit"], float))),
+        })
     return runs
 
 
 def width_sweep(args):
     """``--width-sweep``: see the module docstring."""
-    from benchmarks.gpt_width import CENTERS, PRESETS, analyse
-
-    cfg = dict(PRESETS["quick"])
+    cfg = dict(WIDTH_SWEEP)
     data = lab.load("text", context=cfg["context"], sequence=True)
     widths = list(cfg["widths"])
-    lrs = lab.lr_grid(CENTERS["muon"], cfg["num_lrs"])
+    lrs = lab.optimizer("muon").grid("gpt_width", cfg["num_lrs"])
     t0 = time.time()
     result = {}
     for clip in (False, True):
         runs = width_sweep_runs(data, cfg, lrs=lrs, tau=args.tau, clip=clip)
-        summary = analyse(runs, widths)
+        summary = lab.exponent_summaries(runs, widths)
         name = f"qk_clip({args.tau:g})" if clip else "no clip"
         rows = {}
         for what, metric in (("train", "train_loss"), ("val", "val_loss")):
@@ -210,9 +183,9 @@ def width_sweep(args):
               flush=True)
         result[name] = {"summary": rows, "runs": runs, "runs_with_clipped_heads": runs_clipped}
     print(f"width sweep: {time.time() - t0:.0f}s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "config": cfg, "lrs": lrs, "result": result}, f, default=str)
+    cli.write_json(args.json, {"args": vars(args), "config": cfg, "lrs": lrs, "result": result,
+                               "environment": cli.environment()})
+    return result
 
 
 def plot(runs, path):
@@ -293,9 +266,8 @@ def main(argv=None):
     if not args.no_clip_only:
         os.makedirs(args.out, exist_ok=True)
         plot(runs, os.path.join(args.out, "qk_clip.png"))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "runs": runs}, f)
+    cli.write_json(args.json, {"args": vars(args), "runs": runs, "environment": cli.environment()})
+    return runs
 
 
 if __name__ == "__main__":

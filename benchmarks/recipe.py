@@ -56,13 +56,10 @@ import time
 
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-import spectral_optax as so
-from benchmarks import _common
-from benchmarks.width_transfer import MUP_EMBEDDING_LR_SCALE
 from spectral_optax import lab
 from spectral_optax import transfer as st
+from spectral_optax.lab import cli
 
 #: Per model: presets of the recipe (proxy and targets as (width, depth, steps, batch); LR-grid points (x2);
 #: seeds; ``controls``, see :func:`with_controls`), the single-rule studies, and the proxy's LR-grid centres.
@@ -113,8 +110,8 @@ MODELS = {
                 "train_examples": 8192,
             },
         },
-        # best LRs of the quickstart at width 64, 150 steps, batch 32
-        "centers": {"mup_adamw": 0.008, "muon": 0.03, "adamw_sp": 6e-3},
+        # the registry's experiment: the quickstart's best LRs at width 64, 150 steps, batch 32
+        "experiment": "width_mlp",
     },
     "gpt": {
         "presets": {
@@ -154,8 +151,8 @@ MODELS = {
                 "train_examples": 8192,
             },
         },
-        # gpt_width's centres at width 32 (SP AdamW's best LR is higher at width 32 than at 128)
-        "centers": {"mup_adamw": 0.016, "muon": 0.064, "adamw_sp": 0.016},
+        # the registry's experiment: gpt_width's centres at width 32
+        "experiment": "recipe_gpt",
     },
 }
 #: The GPT's context (tokens per sequence) and the MLP's (bytes per example).
@@ -167,22 +164,27 @@ WD_POINTS = 7
 
 
 def optimizers(model, family_for, base_width, weight_decay=None):
-    """name -> (init, factory(lr, width)); ``weight_decay``: a traced decay (``--study wd``) or ``None``
-    (the optimizers' defaults)."""
+    """name -> (init, factory(lr, width)), the lab registry's ``mup_adamw``, ``muon`` and ``adamw_sp``;
+    ``weight_decay``: a traced decay (``--study wd``) or ``None`` (no decay for the muP family; SP AdamW's
+    registry default on the MLP, none on the GPT)."""
     base = family_for("spectral")(base_width).shapes()
     wd = {} if weight_decay is None else {"weight_decay": weight_decay}
-    sp_wd = weight_decay if weight_decay is not None else (1e-4 if model == "mlp" else 0.0)
-    emb = MUP_EMBEDDING_LR_SCALE if model == "mlp" else 1.0
-
-    def mup_adamw(lr, n):
-        tx = so.mup_adamw(lr, base=base, **({"weight_decay": 0.0} | wd))
-        return tx if emb == 1 else optax.chain(tx, so.route_lr_scale(embedding=emb))
-
-    return {
-        "mup_adamw": ("spectral", mup_adamw),
-        "muon": ("spectral", lambda lr, n: so.muon(lr, compute_dtype=jnp.float32, **wd)),
-        "adamw_sp": ("standard", lambda lr, n: optax.adamw(lr, weight_decay=sp_wd)),
+    constants = lab.optimizer("mup_adamw").constants.get(MODELS[model]["experiment"], {})
+    options = {
+        "mup_adamw": {"base": base, "weight_decay": 0.0, **constants, **wd},
+        "muon": {"compute_dtype": jnp.float32, **wd},
+        "adamw_sp": wd or ({} if model == "mlp" else {"weight_decay": 0.0}),
     }
+    out = {}
+    for name, kw in options.items():
+        opt = lab.optimizer(name)
+        out[name] = (opt.init, lambda lr, n, opt=opt, kw=kw: opt(lr, **kw))
+    return out
+
+
+def centers(model: str) -> dict:
+    """The proxy's LR-grid centres: the registry's, for the model's experiment."""
+    return {name: lab.optimizer(name).center(MODELS[model]["experiment"]) for name in ("mup_adamw", "muon", "adamw_sp")}
 
 
 def _on(grid, lr):
@@ -393,10 +395,10 @@ def fitted_exponents(res, axis, best_key="best", proxy_key="proxy_best"):
     per_seed = {}
     for s in seeds:
         ys = [res[proxy_key][s]] + [t[best_key][s] for t in res["targets"].values()]
-        per_seed[s] = _common.loglog_slope(xs, ys)
+        per_seed[s] = cli.loglog_slope(xs, ys)
     proxy_mean = res["proxy_lambda"] if "proxy_lambda" in res else res["proxy_lr"]
     mean = [proxy_mean] + [t["regret"][next(iter(t["regret"]))]["best_lr"] for t in res["targets"].values()]
-    return {"per_seed": per_seed, "mean": _common.loglog_slope(xs, mean)}
+    return {"per_seed": per_seed, "mean": cli.loglog_slope(xs, mean)}
 
 
 def report(name, res, variants):
@@ -448,7 +450,7 @@ def report_wd(name, res):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", choices=sorted(MODELS))
     p.add_argument("--study", default="recipe", choices=("recipe", "horizon", "batch", "wd"))
     p.add_argument("--preset", default=None, choices=("quick", "default"))
@@ -502,7 +504,7 @@ def main(argv=None):
     for name, (init, factory) in specs.items():
         t = time.time()
         if args.study == "wd":
-            res = L.weight_decay_study(name, init, proxy, targets, spec["centers"][name])
+            res = L.weight_decay_study(name, init, proxy, targets, centers(args.model)[name])
             res["proxy_scale"] = proxy
             report_wd(name, res)
             fx = fitted_exponents(res, "steps")
@@ -513,7 +515,7 @@ def main(argv=None):
                 + f"  (the rule's, with the published horizon exponent: {1 - st.HORIZON_EXPONENT:g})"
             )
         else:
-            res = L.transfer_study(name, init, factory, proxy, targets, variants, spec["centers"][name])
+            res = L.transfer_study(name, init, factory, proxy, targets, variants, centers(args.model)[name])
             res["proxy_scale"] = proxy
             report(name, res, variants)
             if axis is not None:
@@ -543,7 +545,7 @@ def main(argv=None):
     fig = os.path.join(args.out, f"recipe_{args.study}{suffix}.png")
     plot(results, fig, "weight decay lambda" if args.study == "wd" else "peak LR")
     print(f"figure: {fig}")
-    _common.write_json(
+    cli.write_json(
         args.json,
         {
             "benchmark": "recipe",
@@ -563,7 +565,7 @@ def main(argv=None):
                 for n, r in results.items()
             },
             "seconds": elapsed,
-            "environment": _common.environment(),
+            "environment": cli.environment(),
         },
     )
     return results

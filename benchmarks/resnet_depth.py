@@ -32,8 +32,8 @@ from benchmarks import _devices
 
 _devices.early_flags()  # --devices N: before JAX starts
 
-from benchmarks import _depth  # noqa: E402
 from spectral_optax import lab  # noqa: E402
+from spectral_optax.lab import depth as _depth  # noqa: E402
 
 PRESETS = {
     "quick": {"depths": (2, 4), "width": 8, "batch_size": 32, "steps": 80, "num_lrs": 5,
@@ -45,18 +45,9 @@ PRESETS = {
             "optimizers": ("muon", "moga1.5", "moga2", "moga2.5", "adamw"), "dtype": "bfloat16"},
 }
 
-#: LR-grid centers (peak LR), factor-2 grids around them.
-#: (--quick, 2026-11-29, grid around 0.08: Muon's best peak LR at the grid's lower edge, 0.02; MOGA p = 2's
-#: best 0.025 on train and 0.013-0.018 on validation loss: the centers moved down accordingly; a first cpu
-#: run at 150 steps put Muon's best at 0.02-0.04 for K = 2, 4, hence 0.02; the cpu run (100 steps) put MOGA
-#: p = 2's best at the lower edge 0.004 around 1.6e-2 (MOGA learns slowly here at every LR), hence 4e-3, and
-#: AdamW's at the lower edge 0.002 around 8e-3 (chance-level loss above it), hence 1e-3; MOGA p = 2's
-#: validation best then still at the lower edge 0.001 for K = 4, 8, hence 1e-3 for MOGA too.)
-CENTERS = {"muon": 2e-2, "moga1.5": 1e-3, "moga2": 1e-3, "moga2.5": 1e-3, "adamw": 1e-3}
-
-
 def main(argv=None):
     p = _depth.parser(__doc__.splitlines()[0], PRESETS)
+    _devices.add_arguments(p)
     p.add_argument("--data", default="digits_aug", help="digits_aug | cifar10:DIR | cifar100:DIR")
     args = p.parse_args(argv)
     preset, cfg = _depth.config(args, PRESETS)
@@ -73,9 +64,10 @@ def main(argv=None):
         return lab.resnet_family(data, width=cfg["width"], scaled=form == "scaled", dtype=dtype)
 
     return _depth.run_and_report(
-        benchmark="resnet_depth", family=family, data=data, cfg=cfg, preset=preset, args=args, centers=CENTERS,
+        benchmark="resnet_depth", family=family, data=data, cfg=cfg, preset=preset, args=args,
         tag=tag, title=f"ResNet ({data.name}, width {cfg['width']}, {cfg['steps']} steps)",
         units_per_step=cfg["batch_size"], unit="images",
+        devices=_devices.setup(args), writer=_devices.is_writer(),
     )
 
 

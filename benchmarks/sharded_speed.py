@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 
 from benchmarks import _devices
@@ -49,74 +48,9 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import spectral_optax as so  # noqa: E402
-from spectral_optax._duals.polar import newton_schulz_flops, newton_schulz_method  # noqa: E402
 
-COLLECTIVES = (
-    "all-gather", "all-gather-start", "all-reduce", "all-reduce-start", "all-to-all", "reduce-scatter",
-    "collective-permute", "collective-permute-start", "collective-broadcast", "ragged-all-to-all",
-)
-_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
-          "s8": 1, "u8": 1, "pred": 1, "f8e4m3fn": 1, "f8e5m2": 1}
-_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
-_SHAPE = re.compile(r"\b([a-z]+[0-9]*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
-
-
-def _type_bytes(type_str: str) -> int:
-    total = 0
-    for dtype, dims in _SHAPE.findall(type_str):
-        if dtype not in _BYTES:
-            continue
-        n = 1
-        for d in filter(None, dims.split(",")):
-            n *= int(d)
-        total += n * _BYTES[dtype]
-    return total
-
-
-def collective_bytes(hlo_text: str) -> dict[str, int]:
-    """Operand bytes of every collective op in an HLO module's text, by op name.
-
-    Each instruction ``%name = TYPE op(%a, %b, ...)`` defines ``name``'s type;
-    a collective's bytes are the sizes of its operands' types (one device's
-    share of the data it puts into the collective).
-    """
-    types: dict[str, str] = {}
-    calls = []
-    for line in hlo_text.splitlines():
-        m = _DEF.match(line)
-        if not m:
-            continue
-        name, type_str, op, rest = m.groups()
-        types[name] = type_str
-        if op in COLLECTIVES:
-            depth, args = 0, ""
-            for ch in rest:  # operands up to the matching ')'
-                if ch == "(":
-                    depth += 1
-                elif ch == ")":
-                    if depth == 0:
-                        break
-                    depth -= 1
-                args += ch
-            calls.append((op.removesuffix("-start"), [a.strip().lstrip("%") for a in args.split(",") if a.strip()]))
-    out: dict[str, int] = {}
-    for op, operands in calls:
-        nbytes = 0
-        for a in operands:
-            a = a.split(" ")[-1].lstrip("%")  # "f32[..] %x" or "%x"
-            nbytes += _type_bytes(types.get(a, ""))
-        out[op] = out.get(op, 0) + nbytes
-    return out
-
-
-def compiled_costs(jitted, *args) -> tuple[float, int]:
-    """``(flops, collective bytes)`` of one device's compiled program for ``jitted(*args)``."""
-    compiled = jitted.lower(*args).compile()
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else {}
-    flops = float((cost or {}).get("flops", 0.0))
-    return flops, int(sum(collective_bytes(compiled.as_text()).values()))
+# collective_bytes stays importable from here for benchmarks.pod_scale until it imports lab.cli itself
+from spectral_optax.lab.cli import collective_bytes, compiled_costs, environment, write_json  # noqa: E402, F401
 
 
 # --------------------------------------------------------------------------
@@ -164,8 +98,8 @@ def hidden_orthogonalized_flops(shapes, geometry) -> float:
     for _, g in gmap.leaves(arrays):
         if g.kind == "matrix" and g.role == "hidden":
             m, n = min(g.d_in, g.d_out), max(g.d_in, g.d_out)
-            method = newton_schulz_method(m, n, 5, jnp.float32)
-            total += g.num_slices * newton_schulz_flops(m, n, 5, method)
+            method = so.expert.newton_schulz_method(m, n, 5, jnp.float32)
+            total += g.num_slices * so.expert.newton_schulz_flops(m, n, 5, method)
     return total
 
 
@@ -257,11 +191,10 @@ def main(argv=None):
         for n in counts:
             reps = min(2, args.repeats) if args.quick else args.repeats
             rows += measure(tree, n, reps, args.quick, args.optimizers.split(",") if args.optimizers else None)
-    if args.json and jax.process_index() == 0:
-        meta = {"jax": jax.__version__, "backend": jax.default_backend(), "device_count": total,
-                "processes": jax.process_count(), "date": time.strftime("%Y-%m-%d", time.gmtime())}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    if jax.process_index() == 0:
+        meta = {**environment(), "device_count": total, "processes": jax.process_count(),
+                "date": time.strftime("%Y-%m-%d", time.gmtime())}
+        write_json(args.json, {"meta": meta, "rows": rows})
     return rows
 
 

@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import _common
 from spectral_optax import diagnostics, lab
+from spectral_optax.lab import cli
 
 PAPER = {"relu": 1.03, "tanh": 4.17, "independent": 53.75, "batch": 1024, "width": 256,
          "cifar10_width": 300, "cifar10_max": 10.0}
@@ -114,7 +114,7 @@ def plot(results, width, path):
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--width", type=int, default=None, help="hidden width (default 256, the paper's; quick 128)")
     p.add_argument("--batch-sizes", default=None, help="comma list (default 1, 2, 4, ..., 1024; quick to 256)")
     p.add_argument("--seeds", type=int, default=None, help="seeds (default 3, quick 2)")
@@ -162,10 +162,10 @@ def main(argv=None):
     fig = os.path.join(args.out, "stable_rank.png")
     plot(results, width, fig)
     print(f"figure: {fig}   ({elapsed:.1f} s)")
-    _common.write_json(args.json, {
+    cli.write_json(args.json, {
         "benchmark": "stable_rank", "quick": args.quick, "width": width, "seeds": len(seeds),
         "data": data_name, "data_width": args.data_width, "results": results, "paper": PAPER,
-        "figure": fig, "seconds": elapsed, "environment": _common.environment(),
+        "figure": fig, "seconds": elapsed, "environment": cli.environment(),
     })
     return results
 

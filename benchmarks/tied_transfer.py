@@ -48,15 +48,13 @@ import math
 import os
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
 import spectral_optax as so
-from benchmarks import _common
-from benchmarks.width_transfer import widest_regret
 from spectral_optax import lab
+from spectral_optax.lab import cli
 
 PRESETS = {
     # widths (the first is the proxy), LR-grid points, steps, seeds, context, batch size
@@ -66,58 +64,10 @@ PRESETS = {
 #: Validation examples per run (the targets use the train loss). The end-of-run evaluation is one vmapped
 #: program over every run of a width: 2048 sequences of 64 at width 256 ask for about 40 GB on CPU.
 EVAL_EXAMPLES = {"quick": 2048, "default": 256}
-#: Per optimizer: the init it runs on and its LR grid centers (peak LR) on the tied and the untied model. The
-#: tied model's muP-family centers are 2x-4x the untied ones: its read-out moves by the table's steps times
-#: ``1 / d`` (a slower read-out at the proxy than the untied head), and the grid must hold the best LR at every width.
-OPTIMIZERS = {
-    "muon": ("spectral", {"tied": 0.08, "untied": 0.04}),
-    "moga": ("spectral", {"tied": 0.032, "untied": 0.016}),
-    "mup_adamw": ("spectral", {"tied": 0.032, "untied": 0.016}),
-    "moga_adam_tables": ("spectral", {"tied": 0.032, "untied": 0.016}),
-    "adamw_sp": ("own", {"tied": 0.008, "untied": 0.008}),
-    "muon_own": ("own", {"tied": 0.04, "untied": 0.04}),
-    "moga_own": ("own", {"tied": 0.016, "untied": 0.016}),
-}
+#: The lab registry's optimizers this benchmark runs (their ``tied`` / ``untied`` LR-grid centres; those on the
+#: ``'standard'`` init run on the model's own Flax init).
+OPTIMIZERS = ("muon", "moga", "mup_adamw", "moga_adam_tables", "adamw_sp", "muon_own", "moga_own")
 DEFAULT_OPTIMIZERS = ("muon", "moga", "mup_adamw", "adamw_sp")
-
-
-class Block(nn.Module):
-    d: int
-    head_dim: int = 16
-
-    @nn.compact
-    def __call__(self, x):
-        heads = self.d // self.head_dim
-        h = nn.LayerNorm()(x)
-        q, k, v = (nn.DenseGeneral((heads, self.head_dim), name=n)(h) for n in ("query", "key", "value"))
-        t = x.shape[1]
-        mask = jnp.tril(jnp.ones((t, t), bool))
-        w = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(self.head_dim)
-        w = nn.softmax(jnp.where(mask, w, -1e9), axis=-1)
-        a = jnp.einsum("bhqk,bkhd->bqhd", w, v)
-        x = x + nn.DenseGeneral(self.d, axis=(-2, -1), name="attn_out")(a)
-        h = nn.LayerNorm()(x)
-        return x + nn.Dense(self.d, name="mlp_out")(nn.gelu(nn.Dense(4 * self.d, name="mlp_in")(h)))
-
-
-class Decoder(nn.Module):
-    """nanodo-style decoder: ``tied=True`` reads the logits out by ``embed.attend``."""
-
-    d: int
-    context: int
-    vocab: int = 256
-    layers: int = 2
-    tied: bool = True
-
-    @nn.compact
-    def __call__(self, tokens):
-        embed = nn.Embed(self.vocab, self.d, name="embed")
-        pos = self.param("pos_embed", nn.initializers.normal(0.02), (self.context, self.d))
-        x = embed(tokens) + pos[: tokens.shape[1]]
-        for i in range(self.layers):
-            x = Block(self.d, name=f"block_{i}")(x)
-        x = nn.LayerNorm(name="out_norm")(x)
-        return embed.attend(x) if self.tied else nn.Dense(self.vocab, name="head")(x)
 
 
 #: The Theta(1) constants of a run (muTransfer tunes them at the proxy and keeps them at every width):
@@ -172,7 +122,7 @@ def make_model(d: int, data, *, tied: bool, init: str, readout_base: float = 1.0
     multiplier ``readout_base / d`` around every apply (:func:`so.initializers.tied_readout`); the tables'
     entries are ``N(0, embedding_std^2)``.
     """
-    module = Decoder(d, data.context, tied=tied)
+    module = lab.Decoder(d, context=data.context, tied=tied)
     x, _ = data.numpy_batch("train", [0])
     own = lab.Model.from_linen(module, x, "xent")
     geometry = so.GeometryMap.from_linen(module, jnp.asarray(x))
@@ -209,9 +159,10 @@ def optimizer_factory(name: str, geometry_at, base, consts=None, proxy_width=Non
             return opt_fn
         return lambda lr, n: optax.chain(opt_fn(lr, n), so.route_lr_scale(embedding=c["emb"], geometry=geometry_at(n)))
 
+    opt = lab.optimizer(name)
     if name in ("muon", "muon_own"):
         route = "normalize" if c["norm"] else "adamw"
-        return tables(lambda lr, n: so.muon(lr, geometry=geometry_at(n), embedding=route))
+        return tables(lambda lr, n: opt(lr, geometry=geometry_at(n), embedding=route))
     if name in ("moga", "moga_adam_tables", "moga_own"):
         head = None if not c["hb"] else float(proxy_width)
         # moga_adam_tables, an ablation: Adam, not sign steps, on the tables and the norm scales / biases
@@ -227,23 +178,21 @@ def optimizer_factory(name: str, geometry_at, base, consts=None, proxy_width=Non
             return out or None
 
         return tables(
-            lambda lr, n: so.moga(
-                lr, geometry=geometry_at(n), rules=rules(n), base_factor=c["bf"], head_base_width=head
-            )
+            lambda lr, n: opt(lr, geometry=geometry_at(n), rules=rules(n), base_factor=c["bf"], head_base_width=head)
         )
     if name == "mup_adamw":
-        return tables(lambda lr, n: so.mup_adamw(lr, base=base, geometry=geometry_at(n)))
+        return tables(lambda lr, n: opt(lr, base=base, geometry=geometry_at(n)))
     if name == "adamw_sp":
-        return lambda lr, n: optax.adamw(lr, weight_decay=1e-4)
+        return lambda lr, n: opt(lr)
     raise ValueError(f"unknown optimizer {name!r}; have {sorted(OPTIMIZERS)}")
 
 
 def _center_for(name: str, model_name: str, consts, centers) -> float:
-    """The LR grid's center: ``--centers`` or :data:`OPTIMIZERS`'s, for ``moga`` times about
-    ``sqrt(25 / bf)`` (a power of 2: the grids of every ``bf`` share their points)."""
+    """The LR grid's center: ``--centers`` or the lab registry's for the model (``'tied'``, ``'untied'``),
+    for ``moga`` times about ``sqrt(25 / bf)`` (a power of 2: the grids of every ``bf`` share their points)."""
     if centers and name in centers:
         return centers[name]
-    center = OPTIMIZERS[name][1][model_name]
+    center = lab.optimizer(name).center(model_name)
     if name.startswith("moga"):
         center *= 2.0 ** round(math.log2(math.sqrt(DEFAULT_CONSTANTS["bf"] / consts["bf"])))
     return center
@@ -290,7 +239,7 @@ def run(
         base = built(widths[0], "spectral", 1.0)[0].shapes()
 
         def sweep(name, consts, ws, center, model_name=model_name, built=built, base=base):
-            init = OPTIMIZERS[name][0]
+            init = "own" if lab.optimizer(name).init == "standard" else "spectral"
             rb = consts["rb"] if (tied and init == "spectral") else 1.0
             es = consts["es"] if init == "spectral" else 1.0
             factory = optimizer_factory(
@@ -355,7 +304,7 @@ def run(
             results[name], summaries[name], chosen[name] = res, res.summary(), consts
         report[model_name] = {
             "summary": summaries,
-            "regret": widest_regret(results, summaries),
+            "regret": lab.widest_regret(results, summaries),
             "results": results,
             "constants": chosen,
             "tuning": tuning,
@@ -386,7 +335,7 @@ def print_report(report, widths) -> None:
             edge = f"  edge: {sorted(s['at_edge'])}" if s["at_edge"] else ""
             print(f"  {name:10s} {lrs:>28s} {s['spread_steps']:7.2f} {reg:+8.4f}  {losses}{vs}{edge}")
             cs = constants_tag(r.get("constants", {}).get(name, DEFAULT_CONSTANTS))
-            if cs and OPTIMIZERS[name][0] == "spectral":
+            if cs and lab.optimizer(name).init == "spectral":
                 print(f"  {'':10s} constants {cs}")
 
 
@@ -410,7 +359,7 @@ def parse_constants(text: str | None) -> dict:
 
 
 def main(argv=None):
-    p = _common.parser(__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
     p.add_argument("--models", default="tied,untied")
     p.add_argument("--optimizers", default=",".join(DEFAULT_OPTIMIZERS), help=f"of {sorted(OPTIMIZERS)}")
@@ -471,7 +420,7 @@ def main(argv=None):
     print_report(report, cfg["widths"])
     elapsed = time.time() - t0
     print(f"\n({elapsed:.0f} s)")
-    _common.write_json(
+    cli.write_json(
         args.json,
         {
             "benchmark": "tied_transfer",
@@ -492,7 +441,7 @@ def main(argv=None):
             "tuning": {m: r["tuning"] for m, r in report.items()},
             "runs": {m: [x for res in r["results"].values() for x in res.runs] for m, r in report.items()},
             "seconds": elapsed,
-            "environment": _common.environment(),
+            "environment": cli.environment(),
         },
     )
     return report

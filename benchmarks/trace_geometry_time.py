@@ -7,10 +7,13 @@ For ``so.nn.linen.Transformer`` at a given depth, in one process, medians of
 * ``init_with_geometry``: ``so.init_with_geometry(model, key, tokens)``: one
   ``jax.jit(init).trace`` (the module hints recorded in it), the geometry walk
   of its jaxpr, and that same trace lowered, compiled and run for the variables;
-* the same two up to the lowered computation only (no compile, no run), where
-  the difference is the geometry's cost without the compile-time noise;
-* its parts: the model trace, the walk, and
-  ``GeometryMap.from_linen`` (shapes only, no values).
+* up to the traced computation only (no lowering, no compile, no run), where
+  the difference is the geometry's cost without the compile-time noise:
+  ``jax.jit(model.init).trace`` against ``so.GeometryMap.from_linen`` (that
+  same one trace with the module hints recorded, and the geometry walk of its
+  jaxpr; shapes only, no values).
+
+Public API only.
 
     python -m benchmarks.trace_geometry_time --blocks 48 [--no-scan] [--repeats 3] [--compile-repeats N]
 """
@@ -25,7 +28,6 @@ import jax
 import jax.numpy as jnp
 
 import spectral_optax as so
-from spectral_optax._geometry import _linen_init_trace
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -51,19 +53,8 @@ def main(argv=None) -> None:
     tokens = jnp.zeros((1, 64), jnp.int32)
     key = jax.random.key(0)
 
-    def lowered_one_trace():
-        _, tr = _linen_init_trace(model, key, (tokens,), {})
-        tr.decisions()
-        return tr.lowered()
-
-    def walk():
-        _, tr = _linen_init_trace(model, key, (tokens,), {})
-        t0 = time.perf_counter()
-        tr.decisions()
-        return time.perf_counter() - t0
-
     jax.jit(model.init).lower(key, tokens)  # warm-up (JAX's own first-call costs)
-    lowered_one_trace()
+    so.GeometryMap.from_linen(model, tokens)
     rows = []
     c_rep = args.repeats if args.compile_repeats is None else args.compile_repeats
     if c_rep > 0:
@@ -71,15 +62,12 @@ def main(argv=None) -> None:
         t_both = _median_time(lambda: so.init_with_geometry(model, key, tokens)[0], c_rep)
         rows += [("init (jit: trace + compile + run)", t_init), ("init_with_geometry (one trace)", t_both)]
         rows.append(("  added by the geometry", t_both - t_init))
-    l_init = _median_time(lambda: jax.jit(model.init).lower(key, tokens) and 0, args.repeats)
-    l_both = _median_time(lambda: lowered_one_trace() and 0, args.repeats)
-    rows += [("init, to lowered (trace + lower)", l_init), ("init_with_geometry, to lowered", l_both)]
-    rows.append(("  added by the geometry", l_both - l_init))
-    rows.append(("model trace: jit(init).trace, hints recorded", _median_time(
-        lambda: _linen_init_trace(model, key, (tokens,), {}) and 0, args.repeats)))  # fmt: skip
-    rows.append(("geometry walk of that jaxpr", statistics.median(walk() for _ in range(args.repeats))))
-    rows.append(("GeometryMap.from_linen (no values)", _median_time(
-        lambda: so.GeometryMap.from_linen(model, tokens) and 0, args.repeats)))  # fmt: skip
+    t_trace = _median_time(lambda: jax.jit(model.init).trace(key, tokens) and 0, args.repeats)
+    t_map = _median_time(lambda: so.GeometryMap.from_linen(model, tokens) and 0, args.repeats)
+    rows += [("model trace: jit(init).trace", t_trace), ("GeometryMap.from_linen (trace, hints, walk)", t_map)]
+    rows.append(("  added by the geometry (hints + walk)", t_map - t_trace))
+    rows.append(("init, to lowered (trace + lower)", _median_time(
+        lambda: jax.jit(model.init).lower(key, tokens) and 0, args.repeats)))  # fmt: skip
     n = len(jax.tree_util.tree_leaves(jax.eval_shape(model.init, key, tokens)))
     print(f"Transformer blocks={args.blocks} features={args.features} scan={not args.no_scan} leaves={n}")
     for name, t in rows:

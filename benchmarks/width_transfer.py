@@ -44,24 +44,19 @@ from benchmarks import _devices
 
 _devices.early_flags()  # --devices N: before JAX starts
 
-import optax  # noqa: E402
 
 import spectral_optax as so  # noqa: E402
-from benchmarks import _common  # noqa: E402
 from spectral_optax import lab  # noqa: E402
+from spectral_optax.lab import cli  # noqa: E402
 
 BASE_WIDTH = 64
 
-#: ``mup_adamw``'s embedding learning-rate multiplier (``so.route_lr_scale(embedding=...)``), tuned at the base
-#: width 64 on the quick preset (2026-12-01, train loss at the best LR: x1 2.865, x4 2.707, x16 2.634, x32 2.674,
-#: x64 2.709; SP AdamW 2.559) and kept at every width, as muP keeps its per-group multipliers. Each embedding row
-#: (one per position and byte) gets a gradient in a fraction of the steps only, so Adam's normalized step moves it
-#: slowly at the global learning rate. docs/lab_log.md, "Why the muP family trails SP AdamW at small width".
-MUP_EMBEDDING_LR_SCALE = 16.0
+#: ``mup_adamw``'s embedding learning-rate multiplier: the registry's constant, tuned at the base width 64
+#: (``lab.optimizer('mup_adamw').constants['width_mlp']``).
+MUP_EMBEDDING_LR_SCALE = lab.optimizer("mup_adamw").constants["width_mlp"]["embedding_lr_scale"]
 
-#: The verdict's threshold: an optimizer *transfers* when the widest model trained at the narrowest model's best
-#: LR loses at most this much train loss against the widest model's own best (nats; the recipe's target, issue 32).
-REGRET_TOLERANCE = 0.02
+#: Muon's widest model on a CPU, and the registry's names run by default.
+OPTIMIZERS = ("spectral_sgd", "mup_adamw", "muon", "moga", "adamw_sp")
 
 
 PRESETS = {
@@ -87,65 +82,25 @@ def settings(preset: str, accelerator: bool, muon_max_width: int | None = None) 
 
 
 def optimizer_specs(family_for, base_width=BASE_WIDTH, ns_dtype=None, embedding_lr_scale=MUP_EMBEDDING_LR_SCALE):
-    """name -> (init parametrization, LR grid center, factory(lr, width))."""
+    """name -> (init parametrization, LR grid center, factory(lr, width)), from the lab's registry."""
     base = family_for("spectral")(base_width).shapes()
     if not any(so.expert.route_of(g) == "embedding" for _, g in so.as_geometry_map().leaves(base)):
         embedding_lr_scale = 1.0  # dense inputs (digits, CIFAR): no embedding table to scale
-
-    def mup_adamw(lr, n):
-        tx = so.mup_adamw(lr, base=base)
-        return tx if embedding_lr_scale == 1 else optax.chain(tx, so.route_lr_scale(embedding=embedding_lr_scale))
-
-    specs = {
-        "spectral_sgd": ("spectral", 0.03, lambda lr, n: so.spectral_sgd(lr, momentum=0.9)),
-        # The grid center follows the multiplier: best LR 0.0236 at x1, 0.0076 at x16 (width 64).
-        "mup_adamw": ("spectral", 0.015 if embedding_lr_scale == 1 else 0.008, mup_adamw),
+    experiment = "width_dense" if embedding_lr_scale == 1 else "width_mlp"
+    options = {
+        "mup_adamw": {"base": base, "embedding_lr_scale": embedding_lr_scale},
+        "muon": {"compute_dtype": ns_dtype},
     }
-    if hasattr(so, "muon"):
-        specs["muon"] = ("spectral", 0.03, lambda lr, n: so.muon(lr, compute_dtype=ns_dtype))
-    if hasattr(so, "moga"):
-        specs["moga"] = ("spectral", 0.01, lambda lr, n: so.moga(lr))
-    specs["adamw_sp"] = ("standard", 6e-3, lambda lr, n: optax.adamw(lr, weight_decay=1e-4))
+    specs = {}
+    for name in OPTIMIZERS:
+        opt = lab.optimizer(name)
+        kw = options.get(name, {})
+        specs[name] = (opt.init, opt.center(experiment), lambda lr, n, opt=opt, kw=kw: opt(lr, **kw))
     return specs
 
 
-def widest_regret(results, summaries) -> dict:
-    """Per optimizer: the widest model's loss at the LR tuned (best grid LR) on the narrowest, its own best
-    and the difference (:func:`spectral_optax.lab.regret`; nats, and grid steps from the widest's best LR)."""
-    out = {}
-    for name, res in results.items():
-        s = summaries[name]
-        ws = sorted(s["best_lr"])
-        lr = s["best_lr_grid"][ws[0]]
-        if len(ws) < 2 or not lr == lr:  # one width, or every run at the narrowest diverged
-            continue
-        # The widest width's own sweep is the grid; the transferred LR may be one of its points.
-        grid = sorted({float(r["lr"]) for r in res.runs if int(r["size"]) == int(ws[-1])})
-        if len(grid) < 2:
-            continue
-        r = lab.regret(res.runs, lr, size=ws[-1], grid=grid)
-        out[name] = {
-            "narrow": ws[0],
-            "wide": ws[-1],
-            **{k: r[k] for k in ("lr", "loss", "best_loss", "regret", "regret_steps")},
-            "per_seed": [float(x) for x in r["per_seed"].values()],
-        }
-    return out
-
-
-def transfer_verdict(regrets: dict, tolerance: float = REGRET_TOLERANCE) -> dict:
-    """Per optimizer: ``'transfers'`` when the regret of the seed-averaged curves is ``<= tolerance``, else
-    ``'does not'``, with the margin ``tolerance - regret`` (nats). Each seed's own regret is kept for the
-    record, not for the verdict: one seed's curve is noisier than its LR's effect near the best LR."""
-    out = {}
-    for name, r in regrets.items():
-        v = "transfers" if r["regret"] <= tolerance else "does not"
-        out[name] = {"verdict": v, "margin": tolerance - r["regret"], "per_seed": r.get("per_seed", [])}
-    return out
-
-
 def main(argv=None):
-    p = _common.parser(__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--data", default="text", help="text | text:PATH | digits | cifar10:DIR | cifar100:DIR")
     p.add_argument("--model", default="mlp", choices=("mlp", "resmlp"))
     p.add_argument("--optimizers", default=None, help="comma-separated subset")
@@ -168,7 +123,7 @@ def main(argv=None):
         default=MUP_EMBEDDING_LR_SCALE,
         help=f"mup_adamw's embedding LR multiplier (default {MUP_EMBEDDING_LR_SCALE:g}; 1: plain mup_adamw)",
     )
-    _common.add_dtype_argument(p)
+    cli.add_dtype_argument(p)
     p.add_argument("--no-progress", action="store_true")
     _devices.add_arguments(p)
     args = p.parse_args(argv)
@@ -176,7 +131,7 @@ def main(argv=None):
 
     preset = args.preset or ("quick" if args.quick else "default")
     quick = preset == "quick"
-    accelerator = _common.on_accelerator()
+    accelerator = cli.on_accelerator()
     cfg = settings(preset, accelerator, args.muon_max_width)
     widths = [int(w) for w in args.widths.split(",")] if args.widths else cfg["widths"]
     num_lrs = args.num_lrs or cfg["num_lrs"]
@@ -184,7 +139,7 @@ def main(argv=None):
     batch_size = args.batch_size or 32
     seeds = list(range(args.seeds or cfg["seeds"]))
     muon_max = cfg["muon_max_width"]
-    model_dtype, ns_dtype, numerics = _common.lab_numerics(args.dtype)
+    model_dtype, ns_dtype, numerics = cli.lab_numerics(args.dtype)
 
     data = lab.load(args.data, context=args.context, flatten=True)
     residual = args.model == "resmlp"
@@ -215,7 +170,7 @@ def main(argv=None):
     print(
         f"width transfer: data={data.name}, model={args.model}, widths={widths}, "
         f"{num_lrs} LRs (x2), {steps} steps, batch {batch_size}, seeds {seeds}, {args.dtype}, "
-        f"backend {_common.environment()['backend']}, data fingerprint {_common.data_fingerprint(data)}"
+        f"backend {cli.environment()['backend']}, data fingerprint {cli.data_fingerprint(data)}"
         + (f" (Python {platform.python_version()}'s bundled text: compare yours)" if data.name == "text:pydoc" else "")
     )
     t0 = time.time()
@@ -267,7 +222,7 @@ def main(argv=None):
         print(f"  {name:14s} {s['spread_steps']:7.2f}  {f'{ws[0]}..{ws[-1]}':>12s}  {losses}")
     if skipped:
         print(f"  (not run, {'--muon-max-width' if args.muon_max_width else 'CPU budget'}: {skipped})")
-    regrets = widest_regret(results, summaries)
+    regrets = lab.widest_regret(results, summaries)
     print("\nregret at the widest width (train loss at the narrowest width's best grid LR - the widest's own best):")
     print(f"  {'optimizer':14s} {'widths':>10s} {'LR':>9s} {'loss':>8s} {'best':>8s} {'regret':>8s} {'steps':>6s}")
     for name, r in regrets.items():
@@ -276,8 +231,8 @@ def main(argv=None):
             f"  {name:14s} {span:>10s} {r['lr']:9.3g} {r['loss']:8.4f} "
             f"{r['best_loss']:8.4f} {r['regret']:+8.4f} {r['regret_steps']:+6.2f}"
         )
-    verdict = transfer_verdict(regrets)
-    print(f"\nverdict (transfers: regret of the seed-mean curves <= {REGRET_TOLERANCE:g} nats):")
+    verdict = lab.transfer_verdict(regrets)
+    print(f"\nverdict (transfers: regret of the seed-mean curves <= {lab.REGRET_TOLERANCE:g} nats):")
     for name, v in verdict.items():
         print(
             f"  {name:14s} {v['verdict']:10s} margin {v['margin']:+.4f}  (each seed's own: "
@@ -291,7 +246,7 @@ def main(argv=None):
         results, fig, suptitle=f"width transfer: {data.name}, {args.model}, {steps} steps x batch {batch_size}"
     )
     print(f"figure: {fig}   results: {results_path}   ({elapsed:.0f} s)")
-    _common.write_json(
+    cli.write_json(
         args.json,
         {
             "benchmark": "width_transfer",
@@ -317,11 +272,11 @@ def main(argv=None):
             },
             "regret": regrets,
             "verdict": verdict,
-            "regret_tolerance": REGRET_TOLERANCE,
-            "data_fingerprint": _common.data_fingerprint(data),
+            "regret_tolerance": lab.REGRET_TOLERANCE,
+            "data_fingerprint": cli.data_fingerprint(data),
             "figure": fig,
             "seconds": elapsed,
-            "environment": _common.environment(),
+            "environment": cli.environment(),
         },
     )
     return summaries

@@ -11,7 +11,8 @@ compose their own or inspect what a default chose:
 * dual maps as pure functions on the canonical view (row / column / l_p
   normalization; the polar factor is :func:`spectral_optax.newton_schulz`);
 * Newton-Schulz coefficient tables and the schedule chosen per dtype and
-  aspect ratio;
+  aspect ratio, with the variant (standard or Gram-space), restarts and
+  matmul flops of what runs;
 * the distributed orthogonalization plan and its symmetric reduction;
 * optimizer states (the ``NamedTuple`` states of the public transforms);
 * routes (which rule each parameter kind takes in ``muon``, ``moga`` and
@@ -33,9 +34,14 @@ from spectral_optax._duals.polar import (
     POWER4_COEFFICIENTS,
     YOU_COEFFICIENTS,
     auto_schedule,
+    default_preconditioning,
+    gram_restarts,
+    newton_schulz_flops,
+    newton_schulz_method,
     optimal_quintic,
     polar_express_coefficients,
     power4_schedule,
+    resolve_coefficients,
 )
 from spectral_optax._duals.row_column import column_normalize, lp_dual_direction, row_normalize
 from spectral_optax._geometry import from_matrix, infer_geometry, label_by_geometry, map_with_geometry, to_matrix
@@ -70,6 +76,12 @@ __all__ = [
     "polar_express_coefficients",
     "auto_schedule",
     "power4_schedule",
+    "resolve_coefficients",
+    "default_preconditioning",
+    # What an orthogonalization costs: the variant run per shape, its restarts, its matmul flops.
+    "newton_schulz_method",
+    "gram_restarts",
+    "newton_schulz_flops",
     # Distributed orthogonalization.
     "orthogonalization_plan",
     "OrthogonalizationPlan",

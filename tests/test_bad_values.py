@@ -243,3 +243,26 @@ def test_transform_leaves_size0_leaves_unchanged(name):
         ref, s = jax.jit(plain.update)(tree(1), s, tree())
     for k in ref:
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), u[k], ref[k])
+
+
+def f32(tree):
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_error_messages_name_the_fix():
+    tx = so.scale_by_spectral_trust_ratio()
+    with pytest.raises(ValueError, match=r"^scale_by_spectral_trust_ratio needs the parameters .*per layer\)"):
+        tx.update({"w": jnp.ones((2, 2))}, tx.init(None))
+    mup = so.mup_sgd(0.1, base={"Dense_0": {"kernel": np.zeros((2, 3))}})
+    params = f32({"Dense_0": {"kernel": np.ones((4, 3))}, "Dense_1": {"kernel": np.ones((3, 3))}})
+    with pytest.raises(so.GeometryError, match=r"'Dense_1/kernel' is missing from `base`: .*at the base width\), "
+                                               r"e\.g\. base=model_at_base_width\.init\(key, x\)\['params'\]$"):
+        mup.update(params, mup.init(params), params)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_unknown_attribute_error_names_the_attribute():
+    """``so.<missing>`` raises AttributeError naming the module and the attribute."""
+    with pytest.raises(AttributeError, match=r"module 'spectral_optax' has no attribute 'no_such_thing'"):
+        so.no_such_thing  # noqa: B018

@@ -169,3 +169,41 @@ def test_load_specs(tmp_path):
         lab.load("mnist")
     with pytest.raises(DataError, match="give the directory"):
         lab.load("cifar10")
+
+
+def _write_cifar10_ms_lab(root):
+    rng = np.random.default_rng(0)
+    os.makedirs(root, exist_ok=True)
+
+    def recs(labels):
+        return np.stack([np.concatenate([[lab_], rng.integers(0, 256, 3072)]).astype(np.uint8) for lab_ in labels])
+
+    for b in range(1, 6):
+        recs([b % 10, (b + 3) % 10]).tofile(os.path.join(root, f"data_batch_{b}.bin"))
+    recs([7, 9, 0]).tofile(os.path.join(root, "test_batch.bin"))
+
+
+def test_text_too_short_errors_name_the_source_and_needed_size(tmp_path):
+    """The too-short error names the file (or 'the embedded text') and the bytes needed, 2 (T + 1) / min(f, 1-f) + 1."""
+    p = tmp_path / "short.txt"
+    p.write_bytes(b"0123456789")
+    with pytest.raises(lab.DataError, match=r"short\.txt' has 10 bytes.*at least 181 bytes"):
+        lab.text(str(p), context=8, val_fraction=0.1)
+    with pytest.raises(lab.DataError, match=r"text: the embedded text has \d+ bytes, too short for context=100000"):
+        lab.text(context=100000)
+
+
+def test_text_dataset_name_says_seq_for_sequence(tmp_path):
+    """text(sequence=True) is named 'seq:<file>', text() 'text:<file>'."""
+    p = tmp_path / "long.txt"
+    p.write_bytes(bytes(range(32, 127)) * 4)
+    assert lab.text(str(p), context=4, sequence=True).name == "seq:long.txt"
+    assert lab.text(str(p), context=4).name == "text:long.txt"
+
+
+def test_load_cifar10_spec_gives_ten_classes_flattened_by_default(tmp_path):
+    """load('cifar10:DIR') reads 10 classes with flat (3072,) inputs by default, (32, 32, 3) with flatten=False."""
+    _write_cifar10_ms_lab(str(tmp_path))
+    ds = lab.load(f"cifar10:{tmp_path}")
+    assert ds.num_outputs == 10 and ds.input_shape == (3072,) and ds.num_train == 10 and ds.num_val == 3
+    assert lab.load(f"cifar10:{tmp_path}", flatten=False).input_shape == (32, 32, 3)

@@ -364,3 +364,32 @@ def test_inject_hyperparams_and_schedule():
             name = "/".join(str(getattr(k, "key", k)) for k in path)
             factor = (0.5 if branch.search(name) else 1.0) * float(sched(t)) / 0.1
             np.testing.assert_allclose(np.asarray(a), factor * np.asarray(b), rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_residual_alpha_accepts_a_single_block():
+    """One residual block is a valid depth: alpha = K_base / 1."""
+    assert so.residual_alpha(1) == 2.0
+    assert so.residual_alpha(1, 4, exponent=0.5) == 2.0
+    with pytest.raises(ValueError, match="num_blocks must be a positive integer"):
+        so.residual_alpha(0)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_depth_mask_of_wrong_structure_names_the_fix():
+    """A mask tree that is not shaped like the params: the error names the transform and the regex fix."""
+    params = {"blocks": {"dense_1": {"kernel": jnp.ones((2, 2))}}, "head": {"kernel": jnp.ones((2, 2))}}
+    tx = so.depth_residual_scale(4, mask={"blocks": True})
+    with pytest.raises(so.GeometryError, match=r"depth_residual_scale: the mask tree does not have the structure"):
+        tx.init(params)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_scale_init_forwards_extra_positional_arguments():
+    """scale_init passes the initializer's extra positional arguments through."""
+
+    def init(key, shape, dtype, fill):
+        return jnp.full(shape, fill, dtype)
+
+    out = so.expert.scale_init(init, 0.5)(jax.random.key(0), (2, 3), jnp.float32, 3.0)
+    np.testing.assert_array_equal(np.asarray(out), np.full((2, 3), 1.5, np.float32))

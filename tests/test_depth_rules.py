@@ -214,9 +214,9 @@ def test_absorbed_depth_mup_matches_explicit_with_companion_lr():
 
 
 def test_benchmark_depth_mup_form_scales_block_updates_only():
-    """benchmarks._depth.form_factory('depth_mup'): the optimizer's update with the block leaves times
+    """lab.depth.form_factory('depth_mup'): the optimizer's update with the block leaves times
     sqrt(2 / K); the scaled and unscaled forms use the optimizer as is."""
-    from benchmarks import _depth as bench
+    from spectral_optax.lab import depth as bench
 
     params = _toy_params()
     grads = jax.tree_util.tree_map(lambda x: x * jnp.arange(1.0, x.size + 1).reshape(x.shape) / x.size, params)

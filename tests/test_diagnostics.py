@@ -1,9 +1,11 @@
 """Diagnostics against float64 NumPy references."""
 
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import spectral_optax as so
 from spectral_optax import Geometry
 from spectral_optax import diagnostics as dg
 
@@ -86,3 +88,13 @@ def test_zero_and_bf16_inputs_are_finite():
     assert np.isfinite(float(dg.alignment(w[:, :1], w[0], w)))
     big = jnp.full((3, 3), 1e30)
     assert np.isfinite(float(dg.relative_change(big * 1.5, big)))
+
+
+def test_init_alignment_is_scale_invariant_for_small_weights():
+    """alignment = mean ||x W|| / (||W||_2 ||x||) against float64 NumPy, also for a weight of scale 1e-3."""
+    rng = np.random.default_rng(0)
+    w = 1e-3 * rng.standard_normal((4, 6))
+    x = rng.standard_normal((5, 4))
+    ref = np.mean(np.linalg.norm(x @ w, axis=-1) / (np.linalg.svd(w, compute_uv=False)[0] * np.linalg.norm(x, axis=-1)))
+    got = so.diagnostics.init_alignment(jnp.asarray(w, jnp.float32), jnp.asarray(x, jnp.float32))
+    np.testing.assert_allclose(float(got["alignment"][0]), ref, rtol=1e-4)

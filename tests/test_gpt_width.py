@@ -9,54 +9,13 @@ every seed and of the seed average, and the spread are computed here in float64 
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
+from test_lab_summary import WIDTHS, _runs
 
 from benchmarks import gpt_width
-
-WIDTHS = (32, 64, 128, 256)
-GRID = [2.0**k for k in range(-12, 0)]  # factor-2 grid
-
-
-def _runs(exponents, scale=1e-2):
-    """Synthetic records: seed i's loss = 3 + 0.1 (log2 lr - log2 lr*_i(w))^2, lr*_i(w) on the grid."""
-    runs = []
-    for seed, s in enumerate(exponents):
-        for w in WIDTHS:
-            star = 2.0 ** round(math.log2(scale * (w / WIDTHS[0]) ** s))
-            for lr in GRID:
-                loss = 3.0 + 0.1 * (math.log2(lr) - math.log2(star)) ** 2
-                runs.append({"size": w, "seed": seed, "lr": lr, "train_loss": loss, "val_loss": loss + 0.2,
-                             "diverged": False})
-    return runs
-
-
-def _stars(s, scale=1e-2):
-    return [2.0 ** round(math.log2(scale * (w / WIDTHS[0]) ** s)) for w in WIDTHS]
-
-
-def _slope(ws, ys):
-    x, y = np.log(np.asarray(ws, float)), np.log(np.asarray(ys, float))
-    return float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
-
-
-def test_analyse_recovers_exponents_and_seed_interval():
-    out = gpt_width.analyse(_runs([-0.5, 0.0]), list(WIDTHS))
-    for what in ("train", "val"):
-        s = out[what]
-        e0, e1 = _slope(WIDTHS, _stars(-0.5)), _slope(WIDTHS, _stars(0.0))
-        assert s["exponent_per_seed"][0] == pytest.approx(e0, abs=1e-9)
-        assert s["exponent_per_seed"][1] == pytest.approx(e1, abs=1e-9)
-        assert s["exponent_interval"] == pytest.approx([min(e0, e1), max(e0, e1)], abs=1e-9)
-        # Seed-averaged loss: the mean of two parabolas of equal curvature has its vertex at the
-        # midpoint of the two minima in log2(lr) (inside half a grid step, so the refinement finds it).
-        mid = [2.0 ** (0.5 * (math.log2(a) + math.log2(b))) for a, b in zip(_stars(-0.5), _stars(0.0))]
-        np.testing.assert_allclose([s["best_lr"][w] for w in WIDTHS], mid, rtol=1e-9)
-        assert s["exponent"] == pytest.approx(_slope(WIDTHS, mid), abs=1e-9)
-        assert s["spread_steps"] == pytest.approx(math.log2(max(mid) / min(mid)), abs=1e-9)
-        assert s["at_edge"] == []
+from spectral_optax import lab
 
 
 def test_widest_verdict_and_table():
@@ -64,7 +23,7 @@ def test_widest_verdict_and_table():
     summary = {}
     for name, shift in (("muon", 0.1), ("adamw_sp", 0.0)):
         shifted = [dict(r, train_loss=r["train_loss"] + shift, val_loss=r["val_loss"] - shift) for r in runs]
-        both = gpt_width.analyse(shifted, list(WIDTHS))
+        both = lab.exponent_summaries(shifted, list(WIDTHS))
         summary[name], summary[name + "/val"] = both["train"], both["val"]
     v = gpt_width.widest_verdict(summary, ["muon", "adamw_sp"], 256)
     assert v["train"]["loss_at_best"]["muon"] == pytest.approx(3.1)
@@ -144,8 +103,6 @@ def test_quadratic_steps_exact_on_a_quadratic(highest_precision):
 
 
 def test_route_labels_of_the_gpt():
-    from spectral_optax import lab
-
     data = lab.load("text", context=8, sequence=True)
     shapes = lab.gpt_family(data, vary="width", depth=2)(32).shapes()
     import jax

@@ -24,7 +24,7 @@ from _vit_fixture import ViT
 from flax import nnx
 
 import spectral_optax as so
-from spectral_optax.lab._models import MLP
+from spectral_optax.lab import MLP
 
 VOCAB, CLASSES = 256, 10
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import spectral_optax as so
 from spectral_optax import initializers as I
 
 KEY = jax.random.key(0)
@@ -353,3 +354,12 @@ def test_spectral_normalized_errors():
     bad_shape = I.spectral_normalized(lambda k, s, d=jnp.float32: jnp.ones((2, 2), d))
     with pytest.raises(ValueError, match="returned shape"):
         bad_shape(jax.random.key(0), (4, 4))
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_initializer_shape_errors_name_the_fix():
+    """A 0-D embedding shape and a 1-D weight shape: errors say what shape is needed (lowercase argument names)."""
+    with pytest.raises(ValueError, match=r"embedding table needs at least one axis, typically \(vocab, features\)"):
+        so.initializers.spectral_embedding()(jax.random.key(0), ())
+    with pytest.raises(ValueError, match=r"out_axis=\(-2, -1\); stacked \(layers, in, out\): batch_axis=0"):
+        so.initializers.spectral_normal()(jax.random.key(0), (4,))

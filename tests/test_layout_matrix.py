@@ -69,7 +69,9 @@ OPTIMIZERS = {
     "moga": lambda g: so.moga(1e-2, geometry=g),
     "spectral_sgd": lambda g: so.spectral_sgd(1e-2, geometry=g),
     "mup_adamw": lambda g: so.mup_adamw(1e-3, geometry=g),
-    "contrib_muon": lambda g: optax.contrib.muon(1e-2),
+    # the package's optax.contrib.muon (every 2-D leaf a matrix, no geometry): it must run on every mesh,
+    # Explicit meshes that shard a contracted axis included (optax's own does not: docs/sharding.md)
+    "contrib_muon": lambda g: so.contrib_muon(1e-2),
 }
 
 
@@ -81,7 +83,7 @@ def specs_for(tree, geometry, layout, sizes):
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_shape)
     out = []
     for path, shape in flat:
-        g = geoms[so._geometry.path_str(path)]
+        g = geoms["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)]
         entries = [None] * len(shape)
         def put(axes, name):
             for a in axes:
@@ -105,8 +107,6 @@ def close(a, b, name):
 
 def same_layout(got, want, what):
     for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)):
-        if "ns_coeffs" in jax.tree_util.keystr(path):
-            continue  # optax.contrib.muon's own constant (the peer's init, not ours): on one device
         if getattr(x, "ndim", 0) and hasattr(y, "sharding"):
             assert x.sharding.is_equivalent_to(y.sharding, x.ndim), (what, path, x.sharding, y.sharding)
 
@@ -134,15 +134,7 @@ for opt, axis_type, layout, tree_name in CASES:
     p, g = put(params), put(grads)
     state = tx.init(p)
     step = jax.jit(tx.update)
-    try:
-        _, state1 = step(g, state, p)
-    except Exception as e:  # noqa: BLE001  (jax._src.core.ShardingTypeError, not public)
-        # optax.contrib.muon (the peer) does not run on Explicit meshes that shard a contracted axis
-        # (docs/sharding.md); every spectral_optax optimizer must
-        if opt != "contrib_muon" or axis_type != "Explicit" or type(e).__name__ != "ShardingTypeError":
-            raise
-        print("ok", opt, axis_type, layout, tree_name, "(the peer's sharding error)", flush=True)
-        continue
+    _, state1 = step(g, state, p)
     # the state's layout is checked on Explicit meshes (in the types); on Auto meshes it is XLA's
     # choice and may change after the first step (the documented deviation, docs/sharding.md)
     if axis_type == "Explicit":
@@ -177,7 +169,7 @@ def covering_cases():
 def _run(cases, timeout=1500):
     out = run_script(f"CASES = {cases!r}\n" + SCRIPT, devices=8, timeout=timeout)
     for case in cases:
-        assert "ok " + " ".join(case) + "\n" in out or "ok " + " ".join(case) + " (" in out, (case, out[-3000:])
+        assert "ok " + " ".join(case) + "\n" in out, (case, out[-3000:])
 
 
 def test_covering_cases_cover_every_pair():
@@ -236,19 +228,18 @@ print(f"RESULT {seconds / base:.3f} {len(re.findall(r' all-to-all[(]', text))}")
 
 
 @pytest.mark.parametrize("layout", ["leaves", "stacked"])
-def test_2d_tiled_split_groups_compile_in_bounded_time(layout):
+def test_2d_tiled_split_groups_route_through_bounded_all_to_alls(layout):
     """Regression guard for a plan whose program grows as leaves x devices: 64 kernels tiled
     P('data', 'model') on 64 host devices, split k = 2 (the route of Llama 6.7B on a 32 x 8 mesh),
     as 64 leaves or as four ``nn.scan`` stacks of 16 (``P(None, 'data', 'model')``, the layer axis a
     batch axis, on the same all-to-all route as the leaves). The all-to-all count is exact on any
-    machine; the compile-time ratio to the ``distribute=False`` program in the same process has a 2x
-    margin over the measured value (the stacks' baseline compiles four leaves only, so their ratio is
-    larger). Measurements, and the figures before each fix: docs/sharding.md, "2-D layouts", and the
-    lab log."""
+    machine and asserted; the compile-time ratio to the ``distribute=False`` program is printed, not
+    asserted (a timing on a shared machine: ``benchmarks.pod_scale`` measures compile seconds; the
+    figures before and after each fix: docs/sharding.md, "2-D layouts", and the lab log)."""
     out = run_script(GUARD, devices=64, timeout=900, args=[layout])
     ratio, all_to_all = out.split("RESULT ")[1].split()
+    print(f"compile-time ratio to distribute=False ({layout}): {float(ratio):.2f}")
     assert int(all_to_all) <= 16, out[-2000:]  # one per tiling class and direction, + the deals
-    assert float(ratio) <= {"leaves": 4.5, "stacked": 10.0}[layout], out[-2000:]
 
 
 @pytest.mark.slow

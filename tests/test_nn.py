@@ -187,3 +187,20 @@ def test_param_dtype_bf16():
     p = _init(m, _x())
     assert {x.dtype for x in jax.tree_util.tree_leaves(p)} == {jnp.dtype(jnp.bfloat16)}
     assert bool(np.all(np.isfinite(_apply(m, p, _x()))))
+
+
+def test_nnx_fused_attention_sows_max_logits_by_name():
+    """FusedSelfAttention(record_max_logits=True) sows 'max_logits' of shape (num_heads,)."""
+    m = so.nn.nnx.FusedSelfAttention(8, 2, record_max_logits=True, rngs=nnx.Rngs(0))
+    _, inter = nnx.capture(m, nnx.Intermediate)(jnp.ones((1, 3, 8)))
+    (leaf,) = jax.tree.leaves(inter["max_logits"])
+    assert leaf.shape == (2,)
+
+
+def test_nnx_transformer_uses_embedding_init():
+    """Transformer(embedding_init=...) initializes the token embedding with it."""
+    m = so.nn.nnx.Transformer(
+        11, 8, 1, 2, max_len=4, scan=False, embedding_init=nnx.initializers.ones, rngs=nnx.Rngs(0)
+    )
+    np.testing.assert_array_equal(np.asarray(m.embed.embedding[...]), np.ones((11, 8)))
+    np.testing.assert_array_equal(np.asarray(m.pos_embed.embedding[...]), np.ones((4, 8)))

@@ -9,7 +9,12 @@ import pytest
 
 import spectral_optax as so
 from spectral_optax import GeometryError
-from spectral_optax._geometry import path_str
+
+
+def path_str(path) -> str:
+    """``'a/b/0'`` for a ``jax.tree_util`` key path (dict keys, attributes and sequence indices)."""
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
 
 
 def mlp_params(width, d_in=3072, d_out=1, bias=True):

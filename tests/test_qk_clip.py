@@ -10,6 +10,8 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import spectral_optax as so
 
@@ -298,36 +300,82 @@ def test_guide_section_states_the_names_and_defaults():
     assert inspect.signature(so.qk_clip).parameters["source"].default == "logits"
 
 
-@pytest.mark.slow
-def test_width_sweep_loop_reproduces_lab_sweep_and_counts_clipped_heads():
-    """benchmarks.qk_clip --width-sweep trains in its own loop (to pass the logits and keep the schedule
-    before the clip): unclipped it must be lab.sweep's run of gpt_width's Muon, and the clip must act."""
-    from benchmarks.gpt_width import optimizer_factory
-    from benchmarks.qk_clip import width_sweep_runs
-    from spectral_optax import lab
+def f32(a):
+    return jnp.asarray(a, jnp.float32)
 
-    data = lab.load("text", context=16, sequence=True)
-    cfg = {"widths": (32,), "depth": 1, "steps": 6, "batch_size": 4, "seeds": 1}
-    lrs = [0.03, 0.3]
-    mine = width_sweep_runs(data, cfg, lrs=lrs, tau=1e9, clip=False)
-    ref = lab.sweep(
-        lab.gpt_family(data, vary="width", depth=1, init="spectral"),
-        optimizer_factory("muon"),
-        sizes=[32],
-        lrs=lrs,
-        data=data,
-        steps=6,
-        batch_size=4,
-        seeds=[0],
-        schedule="warmup_cosine",
-        eval_examples=256,
-        progress=False,
-    ).runs
-    for a, b in zip(mine, sorted(ref, key=lambda r: r["lr"])):
-        assert a["lr"] == pytest.approx(b["lr"]) and a["clipped_head_steps"] == 0
-        np.testing.assert_allclose([a["train_loss"], a["val_loss"]], [b["train_loss"], b["val_loss"]], rtol=1e-4)
-    # tau under every logit: every head of every step is clipped, and the run differs from the unclipped one
-    low = width_sweep_runs(data, cfg, lrs=lrs, tau=1e-3, clip=True)
-    for a, b in zip(low, mine):
-        assert a["clipped_head_steps"] == a["head_steps"] == 6 * 1 * 2
-        assert a["val_loss"] != b["val_loss"]
+
+def _qk_params(d=8, n=2, h=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "attn": {
+            "query": {"kernel": f32(rng.standard_normal((d, n, h))), "bias": f32(rng.standard_normal((n, h)))},
+            "key": {"kernel": f32(rng.standard_normal((d, n, h))), "bias": f32(rng.standard_normal((n, h)))},
+        }
+    }
+
+
+def explicit_mesh():
+    return jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_collect_max_logits_takes_the_max_of_several_sown_values():
+    """Several values sown by one module (a tuple) give their elementwise max."""
+    inter = {"intermediates": {"attn": {"max_logits": (f32([1.0, 5.0, 2.0]), f32([3.0, 0.5, 2.5]))}}}
+    got = so.collect_max_logits(inter)
+    assert set(got) == {"attn"}
+    np.testing.assert_array_equal(np.asarray(got["attn"]), [3.0, 5.0, 2.5])
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_qk_logit_bound_uses_the_given_input_norm():
+    """``input_norm=r``: the bound is ||W_q^h W_k^h^T||_2 r^2 / sqrt(d_h) (float64 SVD)."""
+    params = _qk_params()
+    got = so.diagnostics.qk_logit_bound(params, input_norm=2.0)["attn"]
+    wq = np.asarray(params["attn"]["query"]["kernel"], np.float64)
+    wk = np.asarray(params["attn"]["key"]["kernel"], np.float64)
+    want = [np.linalg.norm(wq[:, h, :] @ wk[:, h, :].T, 2) * 4.0 / 2.0 for h in range(2)]
+    np.testing.assert_allclose(np.asarray(got).reshape(-1), want, rtol=1e-4)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_qk_clip_empty_bias_path_means_no_bias():
+    """AttentionSpec(query_bias='', key_bias=''): the biases are left alone, only the kernels are clipped."""
+    params = _qk_params()
+    upd = jax.tree.map(jnp.zeros_like, params)
+    spec = so.AttentionSpec(query="attn/query/kernel", key="attn/key/kernel", query_bias="", key_bias="")
+    tx = so.qk_clip(1.0, attention={"attn": spec})
+    out, _ = tx.update(upd, tx.init(params), params, max_logits={"attn": f32([4.0, 0.5])})
+    # head 0: gamma = 1/4, factor 1/2: new = p / 2, update = -p / 2; head 1 untouched
+    for side in ("query", "key"):
+        p = np.asarray(params["attn"][side]["kernel"], np.float64)
+        want = np.zeros_like(p)
+        want[:, 0, :] = -p[:, 0, :] / 2
+        np.testing.assert_allclose(np.asarray(out["attn"][side]["kernel"]), want, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(np.asarray(out["attn"][side]["bias"]), 0.0)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_qk_clip_on_an_explicit_one_device_mesh():
+    """On an Explicit mesh (one device) qk_clip gives the float64 values and keeps the parameters' shardings."""
+    mesh = explicit_mesh()
+    params = _qk_params()
+    rng = np.random.default_rng(1)
+    upd = jax.tree.map(lambda p: f32(0.01 * rng.standard_normal(p.shape)), params)
+    logits = f32([4.0, 0.5])
+    with jax.set_mesh(mesh):
+        put = lambda t, s: jax.tree.map(lambda a: jax.device_put(a, NamedSharding(mesh, s)), t)
+        ps, us = put(params, P("x")), put(upd, P("x"))
+        ls = jax.device_put(logits, NamedSharding(mesh, P("x")))
+        tx = so.qk_clip(1.0)
+        out = jax.jit(lambda u, p, s: tx.update(u, tx.init(p), p, max_logits={"attn": s})[0])(us, ps, ls)
+    for side in ("query", "key"):
+        for leaf in ("kernel", "bias"):
+            p = np.asarray(params["attn"][side][leaf], np.float64)
+            u = np.asarray(upd["attn"][side][leaf], np.float64)
+            want = u.copy()
+            sl = (slice(None), 0) if leaf == "kernel" else (0,)
+            want[sl] = (p[sl] + u[sl]) / 2 - p[sl]
+            got = out["attn"][side][leaf]
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+            assert jax.typeof(got).sharding.spec == jax.typeof(us["attn"][side][leaf]).sharding.spec

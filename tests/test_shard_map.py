@@ -5,13 +5,22 @@ out here); the sharded results must equal them, and leaving ``axis_name``
 out must give the documented local-only (per-block) answer, not the whole one.
 """
 
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
+import spectral_optax as so
 from tests.test_sharding import run_script
 
 SCRIPT = """
 import jax, jax.numpy as jnp, numpy as np, optax
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 import spectral_optax as so
-from spectral_optax._duals.polar import MUON_QUINTIC
 from spectral_optax._numerics import rms_normalize, unit_frobenius
 
 mesh = jax.make_mesh((4,), ("x",), axis_types=(AxisType.Auto,))
@@ -22,7 +31,7 @@ G = rng.standard_normal((2, 16, 48)).astype(np.float32)
 def ns_reference(g):  # float64, Frobenius-normalized, Muon's quintic, 5 steps
     x = g.astype(np.float64)
     x = x / np.linalg.norm(x, axis=(1, 2), keepdims=True)
-    a, b, c = MUON_QUINTIC
+    a, b, c = so.expert.MUON_QUINTIC
     for _ in range(5):
         A = x @ np.swapaxes(x, 1, 2)
         x = a * x + (b * A + c * A @ A) @ x
@@ -99,3 +108,19 @@ def test_shard_map_axis_name_equals_unsharded():
     out = run_script(SCRIPT, devices=4)
     for name in ("newton_schulz", "norms", "muon", "moga", "moga(col)", "orthogonalize", "scale_by_column_norm", "name"):
         assert f"ok {name}" in out, out
+
+
+def f32(a):
+    return jnp.asarray(a, jnp.float32)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_axis_name_inside_shard_map_equals_the_unsharded_update():
+    """With axis_name inside shard_map (one-device mesh) the update equals the unsharded one (float64)."""
+    mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Auto,))
+    g = f32(np.arange(24.0).reshape(4, 6) - 11.5)
+    tx = so.scale_by_spectral_norm(axis_name="x")
+    body = lambda u: tx.update({"Dense_0": {"kernel": u}}, tx.init({"Dense_0": {"kernel": u}}))[0]["Dense_0"]["kernel"]
+    got = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))(g)
+    g64 = np.asarray(g, np.float64)
+    np.testing.assert_allclose(np.asarray(got), math.sqrt(6 / 4) * g64 / np.linalg.norm(g64), rtol=1e-5)

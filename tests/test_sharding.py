@@ -178,16 +178,15 @@ def test_distributed_orthogonalization_flops_and_bytes():
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 import spectral_optax as so
-from spectral_optax._duals.polar import newton_schulz_flops, newton_schulz_method
-from benchmarks.sharded_speed import compiled_costs
+from spectral_optax.lab.cli import compiled_costs
 
 mesh = jax.make_mesh((8,), ("data",))
 shape = (64, 256)
 params = {f"layer{i}": {"Dense_0": {"kernel": jnp.ones(shape)}} for i in range(8)}
 sh = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P("data", None))), params)
 shard_bytes = 8 * shape[0] * shape[1] * 4 / 8
-method = newton_schulz_method(*shape, 5, jnp.float32)
-total = 8 * newton_schulz_flops(*shape, 5, method)
+method = so.expert.newton_schulz_method(*shape, 5, jnp.float32)
+total = 8 * so.expert.newton_schulz_flops(*shape, 5, method)
 for name, tx in (("so", so.orthogonalize_via_newton_schulz()),
                  ("xla", so.orthogonalize_via_newton_schulz(distribute=False))):
     flops, comm = compiled_costs(jax.jit(tx.update), sh, tx.init(sh))
@@ -237,13 +236,6 @@ for a, b in zip(one.runs, many.runs):
     np.testing.assert_allclose([b["train_loss"], b["val_loss"]], [a["train_loss"], a["val_loss"]], rtol=1e-5)
     np.testing.assert_allclose(b["curve"], a["curve"], rtol=1e-5)
 assert len(open(os.path.join(tmp, "many.jsonl")).read().splitlines()) == 5  # padding runs not written
-# the compiled program's run axis is split over the 8 devices
-from spectral_optax.lab._sweep import _make_programs, _on_runs, _run_mesh
-mesh = _run_mesh(8)
-init_p, _, _ = _make_programs(fam(8), opt, 8, data, 16, 3, np.arange(8), mesh)
-state = init_p(_on_runs(mesh, np.full(8, 0.01, np.float32)), _on_runs(mesh, np.arange(8, dtype=np.uint32)))
-leaf = jax.tree.leaves(state)[0]
-assert len(leaf.sharding.device_set) == 8 and leaf.addressable_shards[0].data.shape[0] == 1, leaf.sharding
 again = lab.sweep(fam, opt, [8], lrs, data, results=os.path.join(tmp, "many.jsonl"), devices=8, **kw)
 assert len(again.runs) == 5 and len(open(os.path.join(tmp, "many.jsonl")).read().splitlines()) == 5
 print("ok sweep")

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+import spectral_optax as so
 from spectral_optax import lab
 from spectral_optax.lab import Model
 
@@ -255,3 +256,97 @@ def test_warmup_cosine_schedule_matches_closed_form_and_records_val(tmp_path):
     with pytest.raises(ValueError, match="schedule"):
         lab.sweep(quadratic_family, lambda lr: optax.sgd(lr), [1], lrs, data, steps=steps, batch_size=4,
                   progress=False, schedule="linear")
+
+
+def test_update_args_need_a_model_that_records():
+    data = lab.digits()
+    with pytest.raises(ValueError, match="loss_with_aux"):
+        lab.sweep(lab.mlp_family(data), lambda lr: optax.sgd(lr), [8], [0.1], data, steps=2, batch_size=4,
+                  progress=False, update_args=lambda aux: {})
+
+
+@pytest.mark.slow
+def test_sweep_passes_recorded_logits_to_the_update_and_clips_after_the_schedule():
+    """QK-clip through lab.sweep: the max logits of each step's forward pass reach ``update`` (update_args), the
+    clip sits after the schedule (after_schedule) and step_metrics records every step. A clip that never acts
+    leaves the runs equal to the plain sweep's; one under every logit clips every head of every step."""
+    data = lab.load("text", context=16, sequence=True)
+    family = lab.gpt_family(data, vary="width", depth=1, init="spectral", record_max_logits=True)
+    x0 = data.numpy_batch("train", [0])[0]
+    common = dict(sizes=[32], lrs=[0.03, 0.3], data=data, steps=6, batch_size=4, seeds=[0],
+                  schedule="warmup_cosine", eval_examples=256, progress=False)
+
+    def clipped(tau):
+        return lab.sweep(
+            family, lambda lr: so.muon(lr), **common,
+            update_args=lambda ml: {"max_logits": ml},
+            step_metrics=lambda ml: {"clipped": jnp.sum(ml["blocks/attn"] > tau), "peak": jnp.max(ml["blocks/attn"])},
+            after_schedule=lambda w: so.qk_clip(tau, geometry=family(w).geometry(x0)),
+        ).runs
+
+    plain = lab.sweep(lab.gpt_family(data, vary="width", depth=1, init="spectral"), lambda lr: so.muon(lr),
+                      **common).runs
+    never = clipped(1e9)
+    for a, b in zip(never, plain):
+        assert a["lr"] == pytest.approx(b["lr"])
+        assert a["step_metrics"]["clipped"] == [0.0] * 6
+        assert len(a["step_metrics"]["peak"]) == 6 and all(np.isfinite(a["step_metrics"]["peak"]))
+        np.testing.assert_allclose([a["train_loss"], a["val_loss"]], [b["train_loss"], b["val_loss"]], rtol=1e-4)
+    always = clipped(1e-3)
+    heads = 32 // 16  # one block, head_dim 16
+    for a, b in zip(always, never):
+        assert a["step_metrics"]["clipped"] == [float(heads)] * 6
+        assert a["val_loss"] != b["val_loss"]
+
+
+def _closed_form_losses(lr, multipliers):
+    """Per-step losses of SGD on the size-2 quadratic: e <- e (1 - lr m(t)), loss = e^2."""
+    e, out = -3.0, []
+    for m in multipliers:
+        out.append(e * e)
+        e *= 1.0 - lr * m
+    return out
+
+
+def test_warmup_cosine_values_against_hand_formula():
+    """warmup_cosine(20): linear ramp over W=1 step, then final + (1 - final)(1 + cos(pi (t - W)/(steps - W)))/2."""
+    steps = 20
+    m = lab.warmup_cosine(steps)
+    t = np.arange(steps)
+    ref = np.where(t < 1, (t + 1) / 1.0, 0.5 * (1 + np.cos(np.pi * np.clip(t - 1, 0, 19) / 19)))
+    np.testing.assert_allclose(np.asarray(m(jnp.asarray(t))), ref, rtol=1e-6, atol=1e-7)
+    m2 = lab.warmup_cosine(steps, warmup=0.2, final=0.1)
+    ref2 = np.where(t < 4, (t + 1) / 4.0, 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * np.clip(t - 4, 0, 16) / 16)))
+    np.testing.assert_allclose(np.asarray(m2(jnp.asarray(t))), ref2, rtol=1e-6, atol=1e-7)
+
+
+def test_sweep_records_schedule_on_a_mesh_and_resumes_by_schedule(tmp_path):
+    """A (lr, size) factory on a one-device 'runs' mesh with warmup_cosine matches SGD's closed form, records the
+    schedule name, no val_curve by default; the file reads back, and a constant-schedule rerun trains anew."""
+    data = lab.digits_binary()
+    path = str(tmp_path / "runs.jsonl")
+    kw = dict(steps=4, batch_size=2, results=path, progress=False, chunks=2, curve_points=4)
+    res = lab.sweep(
+        quadratic_family, lambda lr, n: optax.sgd(lr), [2], [0.1], data, schedule="warmup_cosine", devices=1, **kw
+    )
+    (rec,) = res.runs
+    assert rec["schedule"] == "warmup_cosine"
+    assert "val_curve" not in rec and "val_curve_steps" not in rec
+    # steps=4: W = 1, decay = 3: m = 1, 1, (1 + cos(pi/3))/2, (1 + cos(2 pi/3))/2
+    want = _closed_form_losses(0.1, [1.0, 1.0, 0.75, 0.25])
+    np.testing.assert_allclose(rec["curve"], want, rtol=1e-5)
+    np.testing.assert_allclose(rec["train_loss"], want[-1], rtol=1e-5)
+    loaded = lab.load_runs(path)
+    assert len(loaded) == 1 and loaded[0]["lr"] == 0.1 and loaded[0]["schedule"] == "warmup_cosine"
+    again = lab.sweep(quadratic_family, lambda lr, n: optax.sgd(lr), [2], [0.1], data, **kw)
+    (rec2,) = again.runs
+    assert rec2["schedule"] == "constant"
+    np.testing.assert_allclose(rec2["curve"], _closed_form_losses(0.1, [1.0] * 4), rtol=1e-5)
+    assert len(lab.load_runs(path)) == 2
+
+
+def test_sweep_refuses_a_seed_outside_uint32():
+    """A seed that does not fit the uint32 PRNG seed is refused instead of silently aliasing another seed."""
+    data = lab.digits_binary()
+    with pytest.raises(OverflowError):
+        lab.sweep(quadratic_family, optax.sgd, [2], [0.1], data, steps=2, batch_size=2, seeds=(2**32,), progress=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import jax
@@ -28,20 +29,15 @@ def test_models_start_at_ln_vocab_and_the_tied_one_carries_the_multiplier():
     assert notes == ["embed/embedding"]
 
 
+def _tiny_run(tmp_path, **kw):
+    """``tied_transfer.run`` on the tied model at widths 16 and 32, two steps of batch 2, context 8, one seed."""
+    fixed = dict(models=("tied",), widths=[16, 32], steps=2, seeds=[0], context=8, batch_size=2)
+    return tied_transfer.run(**fixed, out=str(tmp_path), progress=False, **kw)
+
+
 @pytest.mark.slow
 def test_quick_code_path_runs_and_reports(tmp_path):
-    report = tied_transfer.run(
-        models=("tied",),
-        optimizers=("muon", "adamw_sp"),
-        widths=[16, 32],
-        num_lrs=2,
-        steps=2,
-        seeds=[0],
-        context=8,
-        batch_size=2,
-        out=str(tmp_path),
-        progress=False,
-    )
+    report = _tiny_run(tmp_path, optimizers=("muon", "adamw_sp"), num_lrs=2)
     s = report["tied"]["summary"]
     assert set(s) == {"muon", "adamw_sp"}
     for name in s:
@@ -57,16 +53,14 @@ def test_tune_grid_constants_tag_and_parse():
     tied = tied_transfer.tune_grid("moga", tied=True)
     untied = tied_transfer.tune_grid("moga", tied=False)
     grid = tied_transfer.TUNE_GRID["moga"]
-    # MOGA's grid: rb x bf x adam x emb on the tied model (hb kept at its default 0), hb x bf x adam x emb untied
-    # (rb at 1).
-    assert set(grid) == {"rb", "bf", "adam", "hb", "emb"}
-    assert len(tied) == len(grid["rb"]) * len(grid["bf"]) * len(grid["adam"]) * len(grid["emb"]) == 36
-    assert all(c["hb"] == 0.0 for c in tied)
-    assert len(untied) == len(grid["bf"]) * len(grid["adam"]) * len(grid["hb"]) * len(grid["emb"]) == 12
-    assert all(c["rb"] == 1.0 and c["hb"] == 1.0 for c in untied)
-    combos = {(c["rb"], c["bf"], c["adam"], c["emb"]) for c in tied}
-    assert combos == {(r, b, a, e) for r in grid["rb"] for b in grid["bf"] for a in grid["adam"] for e in grid["emb"]}
-    assert {c["emb"] for c in tied} == {1.0, 4.0}
+    # every combination of the grid's values: rb only on the tied model (hb at its default there), hb only on the
+    # untied one (rb at its default); each combination once
+    defaults = tied_transfer.DEFAULT_CONSTANTS
+    for combos, skip in ((tied, "hb"), (untied, "rb")):
+        keys = [k for k in grid if k != skip]
+        want = {tuple(v) for v in itertools.product(*(grid[k] for k in keys))}
+        assert {tuple(c[k] for k in keys) for c in combos} == want and len(combos) == len(want)
+        assert all(c[skip] == defaults[skip] for c in combos)
     assert tied_transfer.tune_grid("adamw_sp", tied=True) == [tied_transfer.DEFAULT_CONSTANTS]
     # The resume tag names only what differs from the defaults ("/rb4": the tag of --readout-base-width 4).
     assert tied_transfer.constants_tag(tied_transfer.DEFAULT_CONSTANTS) == ""
@@ -77,15 +71,9 @@ def test_tune_grid_constants_tag_and_parse():
     }
     # --constants wins over --readout-base-width (the docstring's "--constants muon:rb=4:emb=4" runs)
     given = tied_transfer.parse_constants("moga:rb=4:bf=1:adam=1:emb=4")
-    assert tied_transfer.constants_for("moga", 2.0, given) == {
-        "rb": 4.0,
-        "emb": 4.0,
-        "bf": 1.0,
-        "hb": 0.0,
-        "adam": 1.0,
-        "norm": 0.0,
-        "es": 1.0,
-    }
+    assert tied_transfer.constants_for("moga", 2.0, given) == dict(
+        tied_transfer.DEFAULT_CONSTANTS, rb=4.0, emb=4.0, bf=1.0, adam=1.0
+    )
     assert tied_transfer.constants_for("muon", 2.0, given) == dict(tied_transfer.DEFAULT_CONSTANTS, rb=2.0)
     with pytest.raises(SystemExit, match="KEY one of"):
         tied_transfer.parse_constants("muon:lr=4")
@@ -145,20 +133,7 @@ def test_emb_multiplies_the_tables_updates_only(name):
 @pytest.mark.slow
 def test_tune_picks_the_proxy_best_and_transfers_with_it(tmp_path, monkeypatch):
     monkeypatch.setitem(tied_transfer.TUNE_GRID, "muon", {"rb": (1.0, 4.0)})
-    report = tied_transfer.run(
-        models=("tied",),
-        optimizers=("muon",),
-        widths=[16, 32],
-        num_lrs=3,
-        steps=2,
-        seeds=[0],
-        context=8,
-        batch_size=2,
-        out=str(tmp_path),
-        progress=False,
-        tune=True,
-        eval_examples=16,
-    )
+    report = _tiny_run(tmp_path, optimizers=("muon",), num_lrs=3, tune=True, eval_examples=16)
     rows = report["tied"]["tuning"]["muon"]
     assert sorted(r["rb"] for r in rows) == [1.0, 4.0]
     best = min(rows, key=lambda r: r["loss"])

@@ -117,3 +117,21 @@ def test_bad_scale_and_rules():
         st.transfer({"learning_rate": 0.1}, PROXY, TARGET, rules=[lambda *a: {}])
     with pytest.raises(TypeError, match="Scale"):
         st.transfer({"learning_rate": 0.1}, {"steps": 1}, TARGET)
+
+
+def test_transfer_weight_decay_zero_allowed_negative_refused():
+    """weight_decay=0 passes the positivity check, a negative one raises naming hparams['weight_decay']."""
+    proxy = st.Scale(width=64, depth=2, steps=1000, batch_size=32, sequence_length=128)
+    target = st.Scale(width=512, depth=8, steps=8000, batch_size=128, sequence_length=128)
+    out = st.transfer({"learning_rate": 0.01, "weight_decay": 0.0}, proxy, target)
+    assert out is not None
+    with pytest.raises(ValueError, match=r"hparams\['weight_decay'\] must be a finite positive number"):
+        st.transfer({"learning_rate": 0.01, "weight_decay": -0.1}, proxy, target)
+
+
+def test_horizon_rule_error_names_the_proxy():
+    """The horizon rule without the proxy's tokens says the proxy needs steps and batch_size, and how to opt out."""
+    target = st.Scale(width=512, depth=8, steps=8000, batch_size=128, sequence_length=128)
+    rule = st.horizon()
+    with pytest.raises(ValueError, match=r"'horizon' needs proxy's steps and batch_size.*rules=\{'horizon': None\}"):
+        rule.fn({"learning_rate": 0.01}, {"learning_rate": 0.01}, st.Scale(width=64), target)

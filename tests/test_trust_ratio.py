@@ -1,5 +1,6 @@
 """scale_by_spectral_trust_ratio against a float64 NumPy / SVD reference."""
 
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,3 +128,43 @@ def test_errors():
     bad = {"Dense_0": {"kernel": np.ones((4, 8), np.float32)}}
     with pytest.raises(ValueError, match="Dense_0/kernel"):
         tx.update(bad, tx.init(bad), {"Dense_0": {"kernel": np.ones((8, 4), np.float32)}})
+
+
+STACKED_ms = {r"blocks/w$": {"kind": "matrix", "fan_in_axes": (1,), "fan_out_axes": (2,)}}
+
+
+def f32(tree):
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+
+
+def trust_ratio_reference(u, w, k, c=1.0):
+    """Per slice: ``u * c ||w||_F / (sqrt(k) ||u||_F)`` (float64)."""
+    nu = np.linalg.norm(u, axis=(-2, -1), keepdims=True)
+    nw = np.linalg.norm(w, axis=(-2, -1), keepdims=True)
+    return u * c * nw / (np.sqrt(k) * nu)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_trust_ratio_reads_the_geometry_override():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((3, 4, 6))
+    u = rng.standard_normal((3, 4, 6))
+    tx = so.scale_by_spectral_trust_ratio(trust_coefficient=0.3, geometry=STACKED_ms)
+    got, _ = tx.update(f32({"blocks": {"w": u}}), tx.init(f32({"blocks": {"w": w}})), f32({"blocks": {"w": w}}))
+    np.testing.assert_allclose(np.asarray(got["blocks"]["w"]), trust_ratio_reference(u, w, k=4, c=0.3),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.usefixtures("highest_precision")
+def test_trust_ratio_zero_update_slice_stays_zero_with_min_norm():
+    """A slice whose update is 0 passes through (ratio 1, as ``optax.scale_by_trust_ratio``),
+    also when ``min_norm > 0`` floors its norm; the other slice gets the float64 ratio."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((2, 4, 6))
+    u = rng.standard_normal((2, 4, 6))
+    u[0] = 0.0
+    tx = so.scale_by_spectral_trust_ratio(min_norm=1e-3, geometry=STACKED_ms)
+    got, _ = tx.update(f32({"blocks": {"w": u}}), tx.init(None), f32({"blocks": {"w": w}}))
+    got = np.asarray(got["blocks"]["w"])
+    assert np.all(got[0] == 0.0)
+    np.testing.assert_allclose(got[1], trust_ratio_reference(u[1:], w[1:], k=4)[0], rtol=1e-5, atol=1e-6)

@@ -88,12 +88,26 @@ TEST_FILES = [
     "tests/test_qk_clip.py",
     "tests/test_normuon.py",
     "tests/test_regret.py",
-    "tests/test_mutation_survivors.py",
-    "tests/test_mutation_survivors_geometry_walk.py",
-    "tests/test_mutation_survivors_geometry_names.py",
-    "tests/test_mutation_survivors_polar.py",
-    "tests/test_mutation_survivors_transforms.py",
-    "tests/test_mutation_survivors_lab.py",
+    # the tests written for earlier survivors, in the per-module files they joined
+    "tests/test_moga_options.py",
+    "tests/test_weight_decay.py",
+    "tests/test_momentum.py",
+    "tests/test_contrib_muon.py",
+    "tests/test_muon_options.py",
+    "tests/test_orthogonalize.py",
+    "tests/test_name_rules.py",
+    "tests/test_flax_hints.py",
+    "tests/test_jaxpr_walk.py",
+    "tests/test_lab_models.py",
+    "tests/test_nn_sharded.py",
+    "tests/test_neuron_norm.py",
+    "tests/test_mesh_layout.py",
+    "tests/test_sweep.py",
+    "tests/test_lab_summary.py",
+    "tests/test_data.py",
+    "tests/test_nn.py",
+    "tests/test_initializers.py",
+    "tests/test_shard_map.py",
 ]
 
 PYTEST_ARGS = ["-x", "-qq", "--tb=no", "-rN", "--no-header", "-p", "no:cacheprovider", "-W", "ignore::UserWarning"]
@@ -498,7 +512,7 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--first",
         nargs="*",
-        default=["tests/test_mutation_survivors.py"],
+        default=["tests/test_moga_options.py", "tests/test_muon_options.py", "tests/test_momentum.py"],
         help="run --rerun-survivors: tests run first (then the killers of the same function)",
     )
     ap.add_argument(

@@ -22,6 +22,9 @@ API (all public, used by the benchmarks and reusable for any sweep)::
 
     base = family(64).shapes()             # muP base shapes, if the optimizer needs them
     opt = lambda lr, size: so.mup_adamw(lr, base=base)
+    #   or one of the registry's named configurations (their LR-grid centres per
+    #   experiment, the constants tuned at its proxy):
+    #   lab.optimizer('mup_adamw')(lr, base=base), lab.optimizer('muon').grid('gpt_width', 8)
     #   an optimizer factory: (lr, size) -> optax.GradientTransformation (or lr -> ...),
     #   called inside vmap with a traced scalar lr.
 
@@ -50,8 +53,14 @@ with each best LR refined by a parabola fit in log-LR around the grid
 minimum (:func:`refine_minimum`). Always read it next to ``loss_at_best``: a
 task whose loss reaches its floor over a wide LR band has no well-defined
 best LR.
+
+The benchmarks' shared command line, JSON writer and environment record are
+:mod:`spectral_optax.lab.cli` (``from spectral_optax.lab import cli``); the depth studies on real
+architectures (forms, sweeps, figures, report) are :mod:`spectral_optax.lab.depth`.
 """
 
+from spectral_optax.lab import cli as cli
+from spectral_optax.lab import depth as depth
 from spectral_optax.lab._data import (
     DataError,
     Dataset,
@@ -62,6 +71,7 @@ from spectral_optax.lab._data import (
     load,
     text,
 )
+from spectral_optax.lab._decoder import Decoder
 from spectral_optax.lab._models import (
     MLP,
     Model,
@@ -73,8 +83,9 @@ from spectral_optax.lab._models import (
     resnet_family,
 )
 from spectral_optax.lab._plots import plot_sweep, plot_sweeps, savefig
-from spectral_optax.lab._regret import regret
-from spectral_optax.lab._summary import lr_grid, refine_minimum, spread_steps, summarize
+from spectral_optax.lab._registry import EXPERIMENTS, OPTIMIZERS, Optimizer, optimizer
+from spectral_optax.lab._regret import REGRET_TOLERANCE, regret, transfer_verdict, widest_regret
+from spectral_optax.lab._summary import exponent_summaries, lr_grid, refine_minimum, spread_steps, summarize
 from spectral_optax.lab._sweep import (
     SweepResult,
     append_run,
@@ -93,6 +104,7 @@ __all__ = [
     "load",
     "text",
     "MLP",
+    "Decoder",
     "Model",
     "embed_init",
     "gpt_family",
@@ -103,14 +115,22 @@ __all__ = [
     "plot_sweep",
     "plot_sweeps",
     "savefig",
+    "EXPERIMENTS",
+    "OPTIMIZERS",
+    "Optimizer",
+    "optimizer",
     "SweepResult",
     "append_run",
     "load_runs",
     "lr_grid",
     "refine_minimum",
     "regret",
+    "REGRET_TOLERANCE",
+    "widest_regret",
+    "transfer_verdict",
     "spread_steps",
     "summarize",
+    "exponent_summaries",
     "sweep",
     "warmup_cosine",
 ]

@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spectral_optax import GeometryMap
+from spectral_optax import GeometryMap, collect_max_logits
 from spectral_optax.initializers import spectral_embedding, spectral_normal
-from spectral_optax.nn._sharded import Embed
+from spectral_optax.nn.linen import Embed
 
 __all__ = ["MLP", "Model", "embed_init", "gpt_family", "kernel_init", "loss_for", "mlp_family", "resnet_family"]
 
@@ -92,11 +92,17 @@ class Model(NamedTuple):
       init: ``key -> params``.
       apply: ``(params, x) -> outputs`` (logits, or a scalar per example).
       loss: ``(params, x, y) -> scalar`` mean loss over the batch.
+      loss_with_aux: ``(params, x, y) -> (scalar, aux)``: the same loss and what
+        the forward pass recorded beside it (``None``: nothing recorded); a
+        Linen module with ``record_max_logits=True`` gives its max attention
+        logits (:func:`spectral_optax.collect_max_logits`), for
+        :func:`~spectral_optax.lab.sweep`'s ``update_args`` and ``step_metrics``.
     """
 
     init: Callable[[jax.Array], Any]
     apply: Callable[[Any, jax.Array], jax.Array]
     loss: Callable[[Any, jax.Array, jax.Array], jax.Array]
+    loss_with_aux: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]] | None = None
 
     def shapes(self):
         """The parameter tree as ``jax.ShapeDtypeStruct`` leaves (no compute)."""
@@ -118,7 +124,8 @@ class Model(NamedTuple):
     @classmethod
     def from_linen(cls, module: nn.Module, example_x, loss: str | Callable = "xent") -> Model:
         """Wrap a Linen module: ``init`` on ``example_x``; ``loss`` by name or
-        ``(outputs, y) -> per-example loss``."""
+        ``(outputs, y) -> per-example loss``. A module with ``record_max_logits=True``
+        also gives ``loss_with_aux``, the loss with the max logits its attention recorded."""
         per_example = loss_for(loss)
         example_x = jnp.asarray(example_x)
 
@@ -131,7 +138,14 @@ class Model(NamedTuple):
         def loss_fn(params, x, y):
             return jnp.mean(per_example(apply(params, x), y))
 
-        return cls(init, apply, loss_fn)
+        if not getattr(module, "record_max_logits", False):
+            return cls(init, apply, loss_fn)
+
+        def loss_with_aux(params, x, y):
+            out, recorded = module.apply({"params": params}, x, mutable=["intermediates"])
+            return jnp.mean(per_example(out, y)), collect_max_logits(recorded)
+
+        return cls(init, apply, loss_fn, loss_with_aux)
 
 
 def loss_for(loss: str | Callable) -> Callable:
@@ -323,7 +337,8 @@ def gpt_family(
       dtype: computation dtype (e.g. ``jnp.bfloat16`` on accelerators;
         parameters stay float32).
       **transformer_kwargs: further :class:`spectral_optax.nn.linen.Transformer`
-        attributes (e.g. ``mlp_ratio``, ``scan``, ``absorbed``).
+        attributes (e.g. ``mlp_ratio``, ``scan``, ``absorbed``; ``record_max_logits=True``
+        gives each model a ``loss_with_aux`` returning the max attention logits).
     """
     from spectral_optax.nn.linen import Transformer
 

@@ -23,7 +23,11 @@ import numpy as np
 
 from spectral_optax.lab._summary import _grid_ratio, refine_minimum
 
-__all__ = ["regret"]
+__all__ = ["REGRET_TOLERANCE", "regret", "transfer_verdict", "widest_regret"]
+
+#: The width studies' verdict threshold: an optimizer *transfers* when the widest model trained at the narrowest
+#: model's best LR loses at most this much train loss against the widest model's own best (nats).
+REGRET_TOLERANCE = 0.02
 
 
 def _same(a: float, b: float) -> bool:
@@ -126,3 +130,48 @@ def regret(
         "interpolated": interpolated,
         "per_seed": per_seed,
     }
+
+
+def widest_regret(results, summaries) -> dict:
+    """Per optimizer: the widest model's loss at the LR tuned (best grid LR) on the narrowest, its own best
+    and the difference (:func:`spectral_optax.lab.regret`; nats, and grid steps from the widest's best LR).
+
+    Args:
+      results: name -> :class:`~spectral_optax.lab.SweepResult` (or anything with ``runs``) over widths.
+      summaries: name -> its :func:`~spectral_optax.lab.summarize` (``best_lr``, ``best_lr_grid``).
+    """
+    out = {}
+    for name, res in results.items():
+        s = summaries[name]
+        ws = sorted(s["best_lr"])
+        lr = s["best_lr_grid"][ws[0]]
+        if len(ws) < 2 or not lr == lr:  # one width, or every run at the narrowest diverged
+            continue
+        # The widest width's own sweep is the grid; the transferred LR may be one of its points.
+        grid = sorted({float(r["lr"]) for r in res.runs if int(r["size"]) == int(ws[-1])})
+        if len(grid) < 2:
+            continue
+        r = regret(res.runs, lr, size=ws[-1], grid=grid)
+        out[name] = {
+            "narrow": ws[0],
+            "wide": ws[-1],
+            **{k: r[k] for k in ("lr", "loss", "best_loss", "regret", "regret_steps")},
+            "per_seed": [float(x) for x in r["per_seed"].values()],
+        }
+    return out
+
+
+def transfer_verdict(regrets: dict, tolerance: float = REGRET_TOLERANCE) -> dict:
+    """Per optimizer: ``'transfers'`` when the regret of the seed-averaged curves is ``<= tolerance``, else
+    ``'does not'``, with the margin ``tolerance - regret`` (nats). Each seed's own regret is kept for the
+    record, not for the verdict: one seed's curve is noisier than its LR's effect near the best LR.
+
+    Args:
+      regrets: name -> a :func:`widest_regret` entry (``regret``, optionally ``per_seed``).
+      tolerance: the largest regret (nats) that still counts as a transfer.
+    """
+    out = {}
+    for name, r in regrets.items():
+        v = "transfers" if r["regret"] <= tolerance else "does not"
+        out[name] = {"verdict": v, "margin": tolerance - r["regret"], "per_seed": r.get("per_seed", [])}
+    return out

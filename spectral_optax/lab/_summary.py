@@ -128,3 +128,38 @@ def summarize(runs: Sequence[dict], *, metric: str = "train_loss", grid_ratio: f
         "metric": metric,
         "num_runs": len(runs),
     }
+
+
+def exponent_summaries(runs, sizes) -> dict:
+    """:func:`summarize` of the seed-averaged losses plus the size exponent of the best LR, for train
+    (``'train'``) and validation (``'val'``) loss.
+
+    Each summary gains ``exponent`` (the least-squares slope of ``log best LR`` against ``log size``:
+    0 when the best LR transfers, -1 when it falls as ``1 / size``), ``exponent_per_seed`` (each seed's
+    own), ``exponent_interval`` (their range) and ``best_lr_per_seed``.
+
+    Args:
+      runs: run records of :func:`~spectral_optax.lab.sweep` (``size``, ``seed``, ``lr`` and the losses).
+      sizes: the sizes to fit over, in order.
+    """
+    from spectral_optax.lab.cli import loglog_slope
+
+    out = {}
+    seeds = sorted({r["seed"] for r in runs})
+    for what, metric in (("train", "train_loss"), ("val", "val_loss")):
+        s = summarize(runs, metric=metric)
+        best = [s["best_lr"].get(w, np.nan) for w in sizes]
+        per_seed = {}
+        for seed in seeds:
+            ss = summarize([r for r in runs if r["seed"] == seed], metric=metric)
+            per_seed[seed] = {w: ss["best_lr"].get(w, np.nan) for w in sizes}
+        slopes = [loglog_slope(sizes, [per_seed[sd][w] for w in sizes]) for sd in seeds]
+        finite = [x for x in slopes if np.isfinite(x)]
+        s.update(
+            exponent=loglog_slope(sizes, best),
+            exponent_per_seed=dict(zip(seeds, slopes)),
+            exponent_interval=[min(finite), max(finite)] if finite else [np.nan, np.nan],
+            best_lr_per_seed=per_seed,
+        )
+        out[what] = s
+    return out

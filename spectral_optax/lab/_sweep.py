@@ -265,10 +265,30 @@ def _to_host(x) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx, multiplier=None, mesh=None):
+def _make_programs(
+    model,
+    optimizer,
+    size,
+    data,
+    batch_size,
+    chunk_len,
+    eval_idx,
+    multiplier=None,
+    mesh=None,
+    update_args=None,
+    step_metrics=None,
+    after_schedule=None,
+):
     train = tuple(jnp.asarray(a) for a in data.train)
     val = tuple(jnp.asarray(a) for a in data.val)
     eval_idx = jnp.asarray(eval_idx)
+    with_aux = update_args is not None or step_metrics is not None
+    if with_aux and getattr(model, "loss_with_aux", None) is None:
+        raise ValueError(
+            "update_args / step_metrics need a model whose loss_with_aux returns (loss, aux) "
+            "(lab.Model.loss_with_aux; e.g. a Linen module with record_max_logits=True through lab.Model.from_linen)"
+        )
+    post = None if after_schedule is None else after_schedule(size)
 
     def make_opt(lr):
         opt = _call_factory(optimizer, lr, size)
@@ -276,7 +296,9 @@ def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx
             raise TypeError(
                 f"the optimizer factory must return an optax.GradientTransformation, got {type(opt).__name__}"
             )
-        return opt if multiplier is None else optax.chain(opt, optax.scale_by_schedule(multiplier))
+        if multiplier is not None:
+            opt = optax.chain(opt, optax.scale_by_schedule(multiplier))
+        return opt if post is None else optax.chain(opt, post)
 
     def init_run(lr, seed):
         k_init, k_data = jax.random.split(jax.random.key(seed))
@@ -290,10 +312,17 @@ def _make_programs(model, optimizer, size, data, batch_size, chunk_len, eval_idx
             params, opt_state, k_data = carry
             idx = jax.random.randint(jax.random.fold_in(k_data, t), (batch_size,), 0, data.num_train)
             x, y = data.batch(train, idx)
-            loss, grads = jax.value_and_grad(model.loss)(params, x, y)
-            updates, opt_state = opt.update(grads, opt_state, params)
+            if with_aux:
+                (loss, aux), grads = jax.value_and_grad(model.loss_with_aux, has_aux=True)(params, x, y)
+                extra = {} if update_args is None else update_args(aux)
+                metrics = {} if step_metrics is None else step_metrics(aux)
+            else:
+                loss, grads = jax.value_and_grad(model.loss)(params, x, y)
+                extra, metrics = {}, {}
+            updates, opt_state = opt.update(grads, opt_state, params, **extra)
             params = optax.apply_updates(params, updates)
-            return (params, opt_state, k_data), loss.astype(jnp.float32)
+            metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+            return (params, opt_state, k_data), (loss.astype(jnp.float32), metrics)
 
         return jax.lax.scan(step, state, t0 + jnp.arange(chunk_len))
 
@@ -332,6 +361,9 @@ def sweep(
     schedule: str | Callable | None = None,
     val_curve: bool = False,
     devices: Any = None,
+    update_args: Callable[[Any], dict] | None = None,
+    step_metrics: Callable[[Any], dict] | None = None,
+    after_schedule: Callable | None = None,
 ) -> SweepResult:
     """Train ``family(size)`` for every size x LR x seed; resumable.
 
@@ -374,6 +406,20 @@ def sweep(
         count, a list of devices or a ``jax.sharding.Mesh``. The run list is
         padded to a multiple of ``N`` (padding runs are discarded); with
         several processes only process 0 writes ``results``.
+      update_args: ``aux -> dict``: keyword arguments of every
+        ``optimizer.update`` call, from what the model's
+        ``loss_with_aux`` recorded in that step's forward pass (e.g.
+        ``lambda logits: {'max_logits': logits}`` for
+        :func:`~spectral_optax.qk_clip`).
+      step_metrics: ``aux -> {name: scalar}``: recorded at every step of
+        every run (``step_metrics`` of the run record: ``{name: [one float
+        per step]}``). Like ``update_args``, it needs ``loss_with_aux``.
+      after_schedule: ``size -> optax.GradientTransformation``, chained after the schedule's multiplier: a transform
+        that must see the step as applied, such as
+        :func:`~spectral_optax.qk_clip`, which rescales the query and key
+        weights *after* their update (a multiplier after it would undo it).
+        Like ``update_args``, it is not part of the resume key: give runs that
+        differ in it their own ``name`` or ``tag``.
 
     Returns:
       a :class:`SweepResult` with every run of this configuration (recorded
@@ -405,6 +451,7 @@ def sweep(
         ]
         if missing:
             todo[size] = missing
+    step_options = dict(update_args=update_args, step_metrics=step_metrics, after_schedule=after_schedule)
     mesh = _run_mesh(devices)
     n_dev = 1 if mesh is None else mesh.devices.size
     writer = jax.process_index() == 0
@@ -429,18 +476,20 @@ def sweep(
             t_start = time.time()
             model = family(size)
             init_p, chunk_p, eval_p = _make_programs(
-                model, optimizer, size, data, batch_size, chunk_len, eval_idx, multiplier, mesh
+                model, optimizer, size, data, batch_size, chunk_len, eval_idx, multiplier, mesh, **step_options
             )
             padded = missing + [missing[-1]] * (-len(missing) % n_dev)  # a multiple of the devices
             run_lrs = _on_runs(mesh, np.asarray([m[0] for m in padded], np.float32))
             run_seeds = _on_runs(mesh, np.asarray([m[1] for m in padded], np.uint32))
             state = init_p(run_lrs, run_seeds)
             chunk_out: list[np.ndarray] = []
+            metric_out: list[dict] = []
             val_points: list[np.ndarray] = []
             t_steady = t_start
             for c in range(n_chunks):
-                state, chunk_losses = chunk_p(run_lrs, state, jnp.int32(c * chunk_len))
+                state, (chunk_losses, chunk_metrics) = chunk_p(run_lrs, state, jnp.int32(c * chunk_len))
                 chunk_out.append(_to_host(chunk_losses))  # (R, chunk_len); syncs
+                metric_out.append({k: _to_host(v) for k, v in chunk_metrics.items()})
                 if val_curve and c < n_chunks - 1:
                     val_points.append(_to_host(eval_p(state)))
                 if c == 0:  # the first chunk includes compilation
@@ -476,6 +525,11 @@ def sweep(
                     seconds=round(elapsed / len(missing), 3),
                     step_seconds=float(f"{step_s:.4g}"),
                 )
+                if metric_out and metric_out[0]:
+                    rec["step_metrics"] = {
+                        k: [_json_float(v) for v in np.concatenate([m[k][j] for m in metric_out])]
+                        for k in metric_out[0]
+                    }
                 if val_curve:
                     rec["val_curve_steps"] = [(c + 1) * chunk_len for c in range(n_chunks)]
                     rec["val_curve"] = [_json_float(v[j]) for v in val_points]

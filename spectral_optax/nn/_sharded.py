@@ -93,8 +93,9 @@ def gathered_call(module: Any, *args):
 
 
 class Embed(nn.Embed):
-    """``nn.Embed`` (same parameter, ``embedding``, and function) whose lookup is :func:`take_rows`:
-    on an Explicit mesh the rows come back sharded like the ids, features replicated."""
+    """``nn.Embed`` (same parameter, ``embedding``, and function) whose lookup also works on a mesh with
+    Explicit axes: the rows come back sharded like the ids, features replicated (the gather's
+    ``out_sharding``; XLA moves the rows). Off a mesh and on Auto meshes it is ``nn.Embed``."""
 
     def __call__(self, inputs):
         if not jnp.issubdtype(inputs.dtype, jnp.integer):

@@ -270,7 +270,21 @@ def _stack(block_cls, num_blocks: int, scan: bool, **block_kwargs):
     return apply_unrolled
 
 
-class ResidualMLP(nn.Module):
+class _BranchAlpha:
+    """``branch_alpha``, the multiplier ``alpha`` of every block of a model with ``num_blocks``, ``base_blocks``,
+    ``alpha`` and ``exponent`` attributes (:func:`spectral_optax.residual_alpha`)."""
+
+    num_blocks: Any
+    base_blocks: Any
+    alpha: Any
+    exponent: Any
+
+    @property
+    def branch_alpha(self) -> float:
+        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha, exponent=self.exponent)
+
+
+class ResidualMLP(_BranchAlpha, nn.Module):
     """Residual MLP: input projection, K residual blocks, read-out head.
 
     ``h_0 = input_proj(x)``; ``h_{k+1} = h_k + alpha * f_k(h_k)``,
@@ -308,10 +322,6 @@ class ResidualMLP(nn.Module):
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
-    @property
-    def branch_alpha(self) -> float:
-        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha, exponent=self.exponent)
-
     @nn.compact
     def __call__(self, x):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
@@ -334,7 +344,7 @@ class ResidualMLP(nn.Module):
         return gathered(nn.Dense)(self.out_features, kernel_init=self.kernel_init, name="head", **kw)(h)
 
 
-class Transformer(nn.Module):
+class Transformer(_BranchAlpha, nn.Module):
     """Decoder-only pre-LN transformer LM (GPT-style) with inverse-depth branch scaling.
 
     ``h_0 = embed(tokens) + pos_embed(positions)`` (learned positions), then K
@@ -374,10 +384,6 @@ class Transformer(nn.Module):
     embedding_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
     dtype: Any = None
     param_dtype: Any = jnp.float32
-
-    @property
-    def branch_alpha(self) -> float:
-        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha, exponent=self.exponent)
 
     @nn.compact
     def __call__(self, tokens):
@@ -446,7 +452,7 @@ class ResNetBlock(nn.Module):
         return h + jnp.asarray(self.multiplier, y.dtype) * y
 
 
-class ResNet(nn.Module):
+class ResNet(_BranchAlpha, nn.Module):
     """CIFAR-style ResNet with inverse-depth branch scaling.
 
     ``conv_in`` (3x3, ``features`` channels), then three stages of K basic
@@ -479,10 +485,6 @@ class ResNet(nn.Module):
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
-    @property
-    def branch_alpha(self) -> float:
-        return residual_alpha(self.num_blocks, self.base_blocks, alpha=self.alpha, exponent=self.exponent)
-
     @nn.compact
     def __call__(self, x):
         if x.ndim != 4:
@@ -508,6 +510,7 @@ class ResNet(nn.Module):
 
 
 __all__ = [
+    "Embed",
     "MLPBranch",
     "ResidualMLPBlock",
     "FusedSelfAttention",

@@ -40,6 +40,45 @@ default_kernel_init = nnx.initializers.lecun_normal()
 default_embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
 
 
+#: What the arguments every NNX module here shares mean, written once: :func:`_shares_args` appends the
+#: lines to each module's ``Args:`` (the Linen twins document the same names as attributes).
+_SHARED_ARGS = {
+    "base_blocks": "``K_base``; ``alpha = (base_blocks / num_blocks) ** exponent`` unless ``alpha`` is given.",
+    "alpha": "branch multiplier used instead of the rule (``1.0``: the unscaled baseline).",
+    "exponent": "``a`` of the rule (1: inverse depth; 0.5: Depth-muP's ``1 / sqrt(K)``).",
+    "dtype": "computation dtype (``None``: inferred from the inputs and parameters).",
+    "param_dtype": "dtype of the parameters.",
+    "rngs": "``nnx.Rngs`` of the initialization.",
+}
+
+
+def _shares_args(*names: str):
+    """Class decorator: ``names``' descriptions from :data:`_SHARED_ARGS` appended to the docstring's ``Args:``
+    (its last section)."""
+
+    def document(cls):
+        doc = (cls.__doc__ or "").rstrip()
+        cls.__doc__ = doc + "".join(f"\n      {n}: {_SHARED_ARGS[n]}" for n in names) + "\n    "
+        return cls
+
+    return document
+
+
+def _dense_pair(features: int, hidden: int, kernel_init, out_scale: float, kw: dict):
+    """A branch's ``dense_0`` (``features -> hidden``) and ``dense_1`` (``hidden -> features``, kernel and bias
+    init times ``out_scale``), made in that order (the order the ``rngs`` are drawn in)."""
+    dense_0 = nnx.Linear(features, hidden, kernel_init=kernel_init, **kw)
+    dense_1 = nnx.Linear(
+        hidden,
+        features,
+        kernel_init=scale_init(kernel_init, out_scale),
+        bias_init=scale_init(nnx.initializers.zeros_init(), out_scale),
+        **kw,
+    )
+    return dense_0, dense_1
+
+
+@_shares_args("dtype", "param_dtype", "rngs")
 class ResidualMLPBlock(nnx.Module):
     """``h + multiplier * dense_1(relu(dense_0(h)))``; ``dense_1`` init times ``out_scale``.
 
@@ -49,9 +88,6 @@ class ResidualMLPBlock(nnx.Module):
       multiplier: branch multiplier ``m`` of ``h + m * f(h)``.
       out_scale: factor on the init of ``dense_1`` (kernel and bias).
       kernel_init: initializer of both kernels (``dense_1``'s times ``out_scale``).
-      dtype: computation dtype (``None``: inferred from the inputs and parameters).
-      param_dtype: dtype of the parameters.
-      rngs: ``nnx.Rngs`` of the initialization.
     """
 
     def __init__(
@@ -69,20 +105,14 @@ class ResidualMLPBlock(nnx.Module):
         hidden = hidden_features or features
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.multiplier = multiplier
-        self.dense_0 = nnx.Linear(features, hidden, kernel_init=kernel_init, **kw)
-        self.dense_1 = nnx.Linear(
-            hidden,
-            features,
-            kernel_init=scale_init(kernel_init, out_scale),
-            bias_init=scale_init(nnx.initializers.zeros_init(), out_scale),
-            **kw,
-        )
+        self.dense_0, self.dense_1 = _dense_pair(features, hidden, kernel_init, out_scale, kw)
 
     def __call__(self, h):
         y = self.dense_1(jax.nn.relu(self.dense_0(h)))
         return h + jnp.asarray(self.multiplier, y.dtype) * y
 
 
+@_shares_args("dtype", "param_dtype", "rngs")
 class MLPBranch(nnx.Module):
     """``dense_1(gelu(dense_0(h)))``: the transformer's MLP branch.
 
@@ -91,9 +121,6 @@ class MLPBranch(nnx.Module):
       hidden_features: inner width, the output width of ``dense_0``.
       out_scale: factor on the init of ``dense_1`` (kernel and bias).
       kernel_init: initializer of both kernels (``dense_1``'s times ``out_scale``).
-      dtype: computation dtype (``None``: inferred from the inputs and parameters).
-      param_dtype: dtype of the parameters.
-      rngs: ``nnx.Rngs`` of the initialization.
     """
 
     def __init__(
@@ -108,14 +135,7 @@ class MLPBranch(nnx.Module):
         rngs,
     ):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.dense_0 = nnx.Linear(features, hidden_features, kernel_init=kernel_init, **kw)
-        self.dense_1 = nnx.Linear(
-            hidden_features,
-            features,
-            kernel_init=scale_init(kernel_init, out_scale),
-            bias_init=scale_init(nnx.initializers.zeros_init(), out_scale),
-            **kw,
-        )
+        self.dense_0, self.dense_1 = _dense_pair(features, hidden_features, kernel_init, out_scale, kw)
 
     def __call__(self, h):
         return self.dense_1(jax.nn.gelu(self.dense_0(h)))
@@ -129,6 +149,7 @@ def _recording_attention(query, key, value, mask=None, dtype=None, precision=Non
     return nnx.dot_product_attention(query, key, value, mask=mask, dtype=dtype, precision=precision)
 
 
+@_shares_args("dtype", "param_dtype", "rngs")
 class FusedSelfAttention(nnx.Module):
     """Self-attention with one fused ``qkv`` Linear (``features -> 3 features``)
     and ``out`` (LinearGeneral over ``(heads, d_head)``): the twin of
@@ -141,9 +162,6 @@ class FusedSelfAttention(nnx.Module):
       kernel_init: initializer of the ``qkv`` kernel.
       out_kernel_init: initializer of the ``out`` kernel.
       record_max_logits: sow the per-head max logits, shape ``(num_heads,)``, at every call.
-      dtype: computation dtype (``None``: inferred from the inputs and parameters).
-      param_dtype: dtype of the parameters.
-      rngs: ``nnx.Rngs`` of the initialization.
     """
 
     def __init__(
@@ -180,6 +198,7 @@ class FusedSelfAttention(nnx.Module):
         return self.out(y)
 
 
+@_shares_args("dtype", "param_dtype", "rngs")
 class TransformerBlock(nnx.Module):
     """Pre-LN block: ``h += m * attn(ln_attn(h))``; ``h += m * mlp(ln_mlp(h))``.
 
@@ -197,9 +216,6 @@ class TransformerBlock(nnx.Module):
       qkv: ``'split'`` (``attn/{query,key,value,out}``) or ``'fused'`` (``attn/{qkv,out}``).
       record_max_logits: the attention sows its per-head max logits (``attn/max_logits``).
       kernel_init: initializer of every kernel (``attn/out`` and ``mlp/dense_1`` times ``out_scale``).
-      dtype: computation dtype (``None``: inferred from the inputs and parameters).
-      param_dtype: dtype of the parameters.
-      rngs: ``nnx.Rngs`` of the initialization.
     """
 
     def __init__(
@@ -302,6 +318,7 @@ def _apply_blocks(model: nnx.Module, h):
     return h
 
 
+@_shares_args("base_blocks", "alpha", "exponent", "dtype", "param_dtype", "rngs")
 class ResidualMLP(nnx.Module):
     """Residual MLP: ``input_proj`` (after ``embed`` for byte/token inputs),
     K stacked :class:`ResidualMLPBlock` (``h + alpha * f(h)``), ``head``.
@@ -311,17 +328,11 @@ class ResidualMLP(nnx.Module):
       features: residual width.
       num_blocks: ``K``, the number of blocks.
       out_features: head width (classes / vocabulary).
-      base_blocks: ``K_base``; ``alpha = (base_blocks / num_blocks) ** exponent`` unless ``alpha`` is given.
-      alpha: branch multiplier used instead of the rule (``1.0``: the unscaled baseline).
-      exponent: ``a`` of the rule (1: inverse depth; 0.5: Depth-muP's ``1 / sqrt(K)``).
       absorbed: unit multiplier; the init of ``dense_1`` (kernel and bias) times ``alpha``.
       hidden_features: branch inner width (``None``: ``features``).
       vocab_size: if set, integer inputs ``(..., in_features)`` are embedded (``embed``, width ``features``)
         and flattened to ``in_features * features`` before ``input_proj``.
       kernel_init: initializer of every kernel (``input_proj``, the blocks', ``head``).
-      dtype: computation dtype (``None``: inferred from the inputs and parameters).
-      param_dtype: dtype of the parameters.
-      rngs: ``nnx.Rngs`` of the initialization.
     """
 
     def __init__(
@@ -369,6 +380,7 @@ class ResidualMLP(nnx.Module):
         return gathered_call(self.head, h)
 
 
+@_shares_args("base_blocks", "alpha", "exponent", "dtype", "param_dtype", "rngs")
 class Transformer(nnx.Module):
     """Decoder-only pre-LN transformer LM (GPT-style): ``embed`` + ``pos_embed``
     -> K :class:`TransformerBlock` -> ``ln_final`` -> untied ``head``.
@@ -387,18 +399,12 @@ class Transformer(nnx.Module):
       num_heads: attention heads per block (must divide ``features``).
       max_len: rows of ``pos_embed``, the longest sequence accepted.
       mlp_ratio: inner width of the MLP branches, ``mlp_ratio * features``.
-      base_blocks: ``K_base``; ``alpha = (base_blocks / num_blocks) ** exponent`` unless ``alpha`` is given.
-      alpha: branch multiplier used instead of the rule (``1.0``: the unscaled baseline).
-      exponent: ``a`` of the rule (1: inverse depth; 0.5: Depth-muP's ``1 / sqrt(K)``).
       absorbed: unit multiplier; the init of ``attn/out`` and ``mlp/dense_1`` times ``alpha``.
       scan: one ``blocks`` stack with a leading layer axis (``True``) or ``blocks_0 .. blocks_{K-1}``.
       qkv: ``'split'`` or ``'fused'`` attention projections (see :class:`TransformerBlock`).
       record_max_logits: every attention sows its per-head max logits.
       kernel_init: initializer of every kernel (``head`` and the blocks').
       embedding_init: initializer of ``embed`` and ``pos_embed`` (default: normal, variance ``1 / features``).
-      dtype: computation dtype (``None``: inferred from the inputs and parameters).
-      param_dtype: dtype of the parameters.
-      rngs: ``nnx.Rngs`` of the initialization.
     """
 
     def __init__(
@@ -459,6 +465,7 @@ class Transformer(nnx.Module):
         return gathered_call(self.head, gathered_call(self.ln_final, h))
 
 
+@_shares_args("dtype", "param_dtype", "rngs")
 class ResNetBlock(nnx.Module):
     """Twin of :class:`spectral_optax.nn.linen.ResNetBlock` (same paths and function).
 
@@ -467,9 +474,6 @@ class ResNetBlock(nnx.Module):
       multiplier: branch multiplier ``m`` of ``h + m * f(h)``.
       out_scale: factor on the init of ``conv_1`` (kernel and bias).
       kernel_init: initializer of both conv kernels (``conv_1``'s times ``out_scale``).
-      dtype: computation dtype (``None``: inferred from the inputs and parameters).
-      param_dtype: dtype of the parameters.
-      rngs: ``nnx.Rngs`` of the initialization.
     """
 
     def __init__(
@@ -502,6 +506,7 @@ class ResNetBlock(nnx.Module):
         return h + jnp.asarray(self.multiplier, y.dtype) * y
 
 
+@_shares_args("base_blocks", "alpha", "exponent", "dtype", "param_dtype", "rngs")
 class ResNet(nnx.Module):
     """Twin of :class:`spectral_optax.nn.linen.ResNet` (same paths and function):
     ``conv_in``, three stages of K :class:`ResNetBlock` at widths
@@ -513,14 +518,8 @@ class ResNet(nnx.Module):
       features: width of stage 0 (the stages: ``features * (1, 2, 4)``).
       num_blocks: ``K``, blocks per stage.
       num_classes: head width.
-      base_blocks: ``K_base``; ``alpha = (base_blocks / num_blocks) ** exponent`` unless ``alpha`` is given.
-      alpha: branch multiplier used instead of the rule (``1.0``: the unscaled baseline).
-      exponent: ``a`` of the rule (1: inverse depth; 0.5: Depth-muP's ``1 / sqrt(K)``).
       absorbed: unit multiplier; the init of every block's ``conv_1`` (kernel and bias) times ``alpha``.
       kernel_init: initializer of every kernel (the convolutions', ``head``).
-      dtype: computation dtype (``None``: inferred from the inputs and parameters).
-      param_dtype: dtype of the parameters.
-      rngs: ``nnx.Rngs`` of the initialization.
     """
 
     def __init__(
@@ -574,6 +573,8 @@ class ResNet(nnx.Module):
         return self.head(jax.nn.relu(self.ln_final(h)).mean(axis=(1, 2)))
 
 
+# The NNX twins of spectral_optax.nn.linen's modules, listed as there (deliberately the same names: one
+# model, two Flax APIs, the same parameter paths).
 __all__ = [
     "MLPBranch",
     "ResidualMLPBlock",

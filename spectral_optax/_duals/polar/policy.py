@@ -2,7 +2,7 @@
 
 Every default of :func:`~spectral_optax.newton_schulz` is decided here, from the
 compute dtype, the matmul precision and the matrix shape, never from the backend
-(except :func:`default_compute_dtype`, the one backend-dependent choice):
+(except ``default_compute_dtype``, the one backend-dependent choice):
 
 * the compute dtype: bfloat16 on GPU/TPU, float32 elsewhere (:func:`default_compute_dtype`);
 * the precision: float32 compute runs its matmuls at ``Precision.HIGHEST``
@@ -198,7 +198,7 @@ def resolve_coefficients(coefficients: Coefficients = "quintic", steps: int | No
         one, except that the safety factor is not applied to its last row.
       steps: number of iterations.
       compute_dtype: the iteration's dtype, for ``'auto'`` (``None``: the
-        backend's default, :func:`default_compute_dtype`).
+        backend's default, ``default_compute_dtype``).
 
     Returns:
       ``(tuple of (a, b, c), normalization safety factor)``, or the callable.
@@ -311,7 +311,7 @@ def gram_restarts(steps: int, dtype=jnp.float32, precision: Any = None, restarts
 
     * float32 at ``Precision.HIGHEST`` (23 mantissa bits): no restart;
     * float16 and float32 at a lower precision (10 bits): every
-      :data:`HALF_PRECISION_RESTART_EVERY` = 2 steps (as in Dao-AILab's
+      ``HALF_PRECISION_RESTART_EVERY`` = 2 steps (as in Dao-AILab's
       gram-newton-schulz, which runs in float16);
     * bfloat16 (7 bits): every step but the last two (``1 .. steps - 2``):
       a bfloat16 Gram matrix cannot resolve the small eigenvalues ``sigma^2``

@@ -1,4 +1,17 @@
-"""Shared command-line plumbing for the lab benchmarks (public API only)."""
+"""What every benchmark command shares: its argument parser, JSON writer, environment record and timer.
+
+The benchmarks under ``benchmarks/`` are thin presets over :mod:`spectral_optax.lab`; this module is their one
+command-line, JSON and environment helper (a benchmark never writes JSON or records its machine on its own)::
+
+    from spectral_optax.lab import cli
+
+    p = cli.parser("my sweep")              # --quick, --json PATH, --out DIR
+    cli.add_dtype_argument(p)               # --dtype float32|bfloat16
+    args = p.parse_args()
+    model_dtype, ns_dtype, numerics = cli.lab_numerics(args.dtype)
+    ...
+    cli.write_json(args.json, {"summary": ..., "environment": cli.environment()})
+"""
 
 from __future__ import annotations
 
@@ -6,12 +19,14 @@ import argparse
 import json
 import os
 import platform
+import re
 import time
 
 import numpy as np
 
 
 def parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every benchmark takes: ``--quick``, ``--json PATH``, ``--out DIR``."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true", help="small preset (< 3 minutes on 2 CPU cores)")
     p.add_argument("--json", default=None, help="write the results as JSON to this path")
@@ -19,7 +34,28 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+#: Printed by every quick preset that is a smoke run of the machinery (``.format(benchmark=..., preset=...)``).
+SMOKE_NOTE = (
+    "--quick is a smoke run of the machinery (few depths / widths, few steps, one seed by default): "
+    "its spreads do not measure transfer; the measurement is `python -m benchmarks.{benchmark} "
+    "--preset {preset}` (docs/benchmarks.md)"
+)
+
+
+def preset_with_overrides(args, presets, keys) -> tuple[str, dict]:
+    """``(preset name, its config)`` (``--quick``, else ``--preset``, else ``'cpu'``) with every ``keys``
+    option the command line sets."""
+    preset = "quick" if args.quick else (args.preset or "cpu")
+    cfg = dict(presets[preset])
+    for key in keys:
+        if getattr(args, key, None) is not None:
+            cfg[key] = getattr(args, key)
+    return preset, cfg
+
+
 def to_jsonable(x):
+    """``x`` with NumPy scalars and arrays as Python numbers and lists, dict keys as strings, non-finite floats
+    as ``None`` (JSON has no NaN)."""
     if isinstance(x, dict):
         return {str(k): to_jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -35,6 +71,8 @@ def to_jsonable(x):
 
 
 def write_json(path, payload: dict) -> None:
+    """Write ``payload`` (through :func:`to_jsonable`) to ``path``, making its directory; nothing when ``path``
+    is ``None``."""
     if path is None:
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -44,6 +82,7 @@ def write_json(path, payload: dict) -> None:
 
 
 def environment() -> dict:
+    """The machine a result was measured on: UTC date, JAX version, backend, devices, Python version."""
     import jax
 
     return {
@@ -121,7 +160,7 @@ def time_update_steps(optimizers: dict, params, grads, reps: int, extra: dict | 
         jax.block_until_ready(fn())
         fns[name] = fn
     names = list(fns)
-    times = {n: [] for n in names}
+    times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(reps):
         for n in names[r % len(names) :] + names[: r % len(names)]:
             t0 = time.perf_counter()
@@ -173,3 +212,95 @@ def lab_numerics(dtype: str = "float32"):
     if dtype == "bfloat16":
         return jnp.bfloat16, jnp.bfloat16, contextlib.nullcontext
     raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+
+
+#: The HLO ops :func:`collective_bytes` counts.
+COLLECTIVES = (
+    "all-gather",
+    "all-gather-start",
+    "all-reduce",
+    "all-reduce-start",
+    "all-to-all",
+    "reduce-scatter",
+    "collective-permute",
+    "collective-permute-start",
+    "collective-broadcast",
+    "ragged-all-to-all",
+)
+_BYTES = {
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "s8": 1,
+    "u8": 1,
+    "pred": 1,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+}
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
+_SHAPE = re.compile(r"\b([a-z]+[0-9]*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+
+
+def _type_bytes(type_str: str) -> int:
+    total = 0
+    for dtype, dims in _SHAPE.findall(type_str):
+        if dtype not in _BYTES:
+            continue
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * _BYTES[dtype]
+    return total
+
+
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Operand bytes of every collective op in an HLO module's text, by op name.
+
+    Each instruction ``%name = TYPE op(%a, %b, ...)`` defines ``name``'s type;
+    a collective's bytes are the sizes of its operands' types (one device's
+    share of the data it puts into the collective).
+    """
+    types: dict[str, str] = {}
+    calls = []
+    for line in hlo_text.splitlines():
+        m = _DEF.match(line)
+        if not m:
+            continue
+        name, type_str, op, rest = m.groups()
+        types[name] = type_str
+        if op in COLLECTIVES:
+            depth, args = 0, ""
+            for ch in rest:  # operands up to the matching ')'
+                if ch == "(":
+                    depth += 1
+                elif ch == ")":
+                    if depth == 0:
+                        break
+                    depth -= 1
+                args += ch
+            calls.append((op.removesuffix("-start"), [a.strip().lstrip("%") for a in args.split(",") if a.strip()]))
+    out: dict[str, int] = {}
+    for op, operands in calls:
+        nbytes = 0
+        for a in operands:
+            a = a.split(" ")[-1].lstrip("%")  # "f32[..] %x" or "%x"
+            nbytes += _type_bytes(types.get(a, ""))
+        out[op] = out.get(op, 0) + nbytes
+    return out
+
+
+def compiled_costs(jitted, *args) -> tuple[float, int]:
+    """``(flops, collective bytes)`` of one device's compiled program for ``jitted(*args)``."""
+    compiled = jitted.lower(*args).compile()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    flops = float((cost or {}).get("flops", 0.0))
+    return flops, int(sum(collective_bytes(compiled.as_text()).values()))

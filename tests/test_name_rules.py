@@ -1,17 +1,9 @@
-"""Tests written for the mutants that survived mutation testing of spectral_optax/_geometry/{names,resolve,flax_hints}.py
-(name rules, the resolver, Flax hints); see docs/reliability.md, "Mutation testing".
-
-Expected geometries are written out by hand from the layouts documented in docs/guide.md.
-"""
+"""The name rules and the resolver: geometries of parameters named as in public model code (GPT-2's Conv1D,
+attention out kernels, per-position convolutions, the head), written out by hand from the layouts in docs/guide.md."""
 
 import warnings
 
-import flax.linen as nn
-import jax.numpy as jnp
-import pytest
-
-from spectral_optax import Geometry, GeometryError, GeometryMap, GeometryWarning
-from spectral_optax._geometry.flax_hints import _einsum_layout, _Layout, _module_layouts
+from spectral_optax import Geometry, GeometryMap, GeometryWarning
 
 
 def _resolve(tree: dict, **kw) -> tuple[dict, list]:
@@ -41,13 +33,6 @@ def test_gpt2_conv1d_kernels_read_transposed_from_c_attn_shape():
     # The MLP's kernels find the attention block's c_attn one level up (h/0/attn/c_attn).
     assert _axes(geoms["h/0/mlp/c_fc/kernel"]) == ("matrix", (), (1,), (0,), 1, "hidden")
     assert _axes(geoms["h/0/mlp/c_proj/kernel"]) == ("matrix", (), (1,), (0,), 1, "hidden")
-
-
-def test_gemma_einsum_weights_axes():
-    """Gemma's q_einsum (N, D, H) has fan-in D, fan-out N, H; attn_vec_einsum (N, H, D) fan-in N, H."""
-    geoms, _ = _resolve({"attn/q_einsum/w": (4, 8, 2), "attn/attn_vec_einsum/w": (4, 2, 8)}, strict=True)
-    assert _axes(geoms["attn/q_einsum/w"]) == ("matrix", (), (1,), (0, 2), 1, "hidden")
-    assert _axes(geoms["attn/attn_vec_einsum/w"]) == ("matrix", (), (0, 1), (2,), 1, "hidden")
 
 
 def test_attention_out_kernel_heads_are_fan_in():
@@ -93,50 +78,3 @@ def test_default_head_is_highest_numbered_dense_in_any_order():
     assert "'Dense_2'" in str(head[0].message) and "Dense_2/kernel$" in str(head[0].message)
     # Both are warned from the resolver at the same depth: attributed to the same file (the resolver's).
     assert head[0].filename == gqa[0].filename != __file__
-
-
-EINSUM_HINT = {("attn",): {"kernel": _einsum_layout("BTD,NDH->BTNH")}}
-
-
-def test_einsum_hint_without_trace_is_used_and_warned():
-    """A doubtful einsum hint decides alone without a trace, with a warning naming the path, layout and fix."""
-    gm = GeometryMap(hints=EINSUM_HINT, strict=True)
-    with pytest.warns(GeometryWarning) as rec:
-        (g,) = gm.resolve(["params/attn/kernel"], [(5, 2, 8, 4)])
-    # A stacked axis first (batch), then the weight 'NDH': fan-in D, fan-out N and H.
-    assert _axes(g) == ("matrix", (0,), (2,), (1, 3), 1, "hidden")
-    assert gm.decided_by("params/attn/kernel", (5, 2, 8, 4)) == "module hint (warned: unchecked without a trace)"
-    msg = " ".join(str(w.message) for w in rec)
-    assert (
-        "parameter 'params/attn/kernel' with shape (5, 2, 8, 4): taken as matrix in(2,) out(1, 3) from its module"
-        in msg
-    )
-    assert "the einsum 'BTD,NDH->BTNH' gives the weight 2 output axes (N, H)" in msg
-    assert "Pass example inputs so that the trace decides" in msg
-
-
-def test_module_hints_found_with_or_without_params_prefix():
-    """A module hint recorded under 'Dense_0' decides 'Dense_0/kernel' and 'params/Dense_0/kernel' alike."""
-    hints = {("blk",): {"w": _Layout("matrix", 1, 1)}}
-    tree = {"params/blk/w": (3, 4, 6), "blk/w": (2, 4, 6)}
-    geoms, caught = _resolve(tree, hints=hints, strict=True)
-    assert not caught
-    assert _axes(geoms["params/blk/w"]) == ("matrix", (0,), (1,), (2,), 1, "hidden")
-    assert _axes(geoms["blk/w"]) == ("matrix", (0,), (1,), (2,), 1, "hidden")
-
-
-def test_module_layouts_name_bias_and_norm_leaves():
-    """Dense / Linear / ConvLocal hints cover 'kernel' and 'bias'; every norm's hints cover 'scale' and 'bias'."""
-    for t in ("Dense", "Linear", "ConvLocal"):
-        assert _module_layouts(t, {}) == {"kernel": _Layout("matrix", 1, 1), "bias": _Layout("vector", 0, 1)}
-    for t in ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm"):
-        assert _module_layouts(t, {}) == {"scale": _Layout("vector", 0, 1), "bias": _Layout("vector", 0, 1)}
-
-
-def test_strict_survives_from_linen_and_with_overrides():
-    """strict=True given to from_linen, and kept by with_overrides, makes an undecided leaf an error."""
-    gm = GeometryMap.from_linen(nn.Dense(4), jnp.ones((2, 3)), strict=True)
-    for m in (gm, GeometryMap(strict=True).with_overrides({r"^b$": "vector"})):
-        assert m.strict is True
-        with pytest.raises(GeometryError, match="cannot infer the geometry of parameter 'w' with shape"):
-            m.resolve(["w", "b"], [(2, 3, 4), (4,)])

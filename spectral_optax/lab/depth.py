@@ -1,4 +1,4 @@
-"""Shared machinery of the depth benchmarks on real architectures (GPT, ResNet).
+"""The depth studies on real architectures (GPT, ResNet): forms, sweeps, figures, report.
 
 One run = every optimizer variant (``{optimizer}/scaled``: branches
 ``h + (2/K) f(h)``; ``{optimizer}/unscaled``: ``h + f(h)``; with ``--forms``
@@ -10,9 +10,12 @@ validation loss). The JSON ``summary`` has the schema of
 ``benchmarks.depth_transfer``: ``"{optimizer}/{form}"`` (train loss) and
 ``"{optimizer}/{form}/val"`` (validation loss), each with ``best_lr``,
 ``loss_at_best``, ``spread_steps``, ``at_edge``, ``diverged`` (and the rest of
-``lab.summarize``'s keys).
+``lab.summarize``'s keys). The optimizers and their LR-grid centres are the
+lab registry's (:data:`spectral_optax.lab.OPTIMIZERS`), for the study's
+experiment (``'gpt_depth'``, ``'resnet_depth'``).
 
-Public API only.
+Used by ``benchmarks.gpt_depth`` and ``benchmarks.resnet_depth`` (and
+``benchmarks.depth_transfer``'s table); public API only.
 """
 
 from __future__ import annotations
@@ -25,16 +28,10 @@ import numpy as np
 import optax
 
 import spectral_optax as so
-from benchmarks import _devices
-from benchmarks._common import environment, time_update_steps, write_json
-from benchmarks.depth_transfer import _table
-from spectral_optax import lab
-
-#: printed by every --quick run (issue 21, item 5: a quick preset that does not reproduce its default's
-#: verdict says so)
-SMOKE_NOTE = ("--quick is a smoke run of the machinery (few depths / widths, few steps, one seed by default): "
-              "its spreads do not measure transfer; the measurement is `python -m benchmarks.{benchmark} "
-              "--preset {preset}` (docs/benchmarks.md)")
+from spectral_optax.lab._plots import plot_sweep, savefig
+from spectral_optax.lab._registry import optimizer
+from spectral_optax.lab._sweep import sweep
+from spectral_optax.lab.cli import SMOKE_NOTE, environment, preset_with_overrides, time_update_steps, write_json
 
 #: every optimizer variant the depth paper compares (default runs pick a subset)
 ALL_OPTIMIZERS = ("muon", "moga1.5", "moga2", "moga2.5", "adamw")
@@ -54,51 +51,40 @@ def form_factory(name: str, form: str):
 
 
 def optimizer_factory(name: str):
-    """``lr -> GradientTransformation`` for a benchmark optimizer name (defaults, no weight decay)."""
-    if name == "muon":
-        return lambda lr: so.muon(lr)
-    if name.startswith("moga"):
-        p = float(name[4:])
-        return lambda lr: so.moga(lr, p=p)
-    if name == "adamw":
-        return lambda lr: optax.adamw(lr, weight_decay=0.0)
-    raise SystemExit(f"unknown optimizer {name!r}; have {ALL_OPTIMIZERS}")
+    """``lr -> GradientTransformation`` for a depth-study optimizer name: the lab registry's configuration
+    (defaults of each optimizer, no weight decay)."""
+    if name not in ALL_OPTIMIZERS:
+        raise SystemExit(f"unknown optimizer {name!r}; have {ALL_OPTIMIZERS}")
+    return optimizer(name)
 
 
 def parser(description: str, presets) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true", help="smoke-test preset (<= 4 minutes on 2 CPU cores)")
-    p.add_argument("--preset", choices=sorted(presets), default=None,
-                   help="size preset (default: cpu; --quick = quick)")
+    p.add_argument(
+        "--preset", choices=sorted(presets), default=None, help="size preset (default: cpu; --quick = quick)"
+    )
     p.add_argument("--json", default=None, help="write the results as JSON to this path")
     p.add_argument("--out", default="out", help="directory for figures and the results JSONL")
     p.add_argument("--seeds", type=int, default=1, help="seeds per (depth, LR)")
-    p.add_argument("--optimizers", default=None,
-                   help=f"comma-separated subset of {','.join(ALL_OPTIMIZERS)}, or 'all'")
+    p.add_argument("--optimizers", default=None, help=f"comma-separated subset of {','.join(ALL_OPTIMIZERS)}, or 'all'")
     p.add_argument("--depths", default=None, help="comma-separated depths (overrides the preset)")
     p.add_argument("--steps", type=int, default=None, help="training steps (overrides the preset)")
     p.add_argument("--num-lrs", type=int, default=None, help="LR-grid points (overrides the preset)")
     p.add_argument("--width", type=int, default=None, help="width (overrides the preset)")
     p.add_argument("--batch-size", type=int, default=None, help="batch size (overrides the preset)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                   help="computation dtype (bfloat16 for accelerators; parameters stay float32)")
-    p.add_argument("--forms", default=None,
-                   help=f"comma-separated depth rules among {','.join(FORMS)} (default unscaled,scaled)")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="computation dtype (bfloat16 for accelerators; parameters stay float32)",
+    )
+    p.add_argument(
+        "--forms", default=None, help=f"comma-separated depth rules among {','.join(FORMS)} (default unscaled,scaled)"
+    )
     p.add_argument("--schedule", choices=("warmup_cosine", "constant"), default="warmup_cosine")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
-    _devices.add_arguments(p)
     return p
-
-
-def preset_with_overrides(args, presets, keys) -> tuple[str, dict]:
-    """``(preset name, its config)`` (``--quick``, else ``--preset``, else ``'cpu'``) with every ``keys``
-    option the command line sets."""
-    preset = "quick" if args.quick else (args.preset or "cpu")
-    cfg = dict(presets[preset])
-    for key in keys:
-        if getattr(args, key, None) is not None:
-            cfg[key] = getattr(args, key)
-    return preset, cfg
 
 
 def config(args, presets) -> tuple[str, dict]:
@@ -116,33 +102,63 @@ def config(args, presets) -> tuple[str, dict]:
     return preset, cfg
 
 
-def run_sweeps(*, family, data, cfg, centers, results_path, seeds, tag, schedule, progress,
-               eval_examples=256, val_curve=True, devices=None):
+def run_sweeps(
+    *,
+    family,
+    data,
+    cfg,
+    experiment,
+    results_path,
+    seeds,
+    tag,
+    schedule,
+    progress,
+    eval_examples=256,
+    val_curve=True,
+    devices=None,
+):
     """Sweep every optimizer x form (``cfg['forms']``, default unscaled and scaled); returns
     (results, summary), printing as it goes.
 
-    ``family(form: str) -> (depth -> lab.Model)``; ``centers[name]``: LR-grid center.
+    ``family(form: str) -> (depth -> lab.Model)``; ``experiment``: the registry's experiment whose LR-grid
+    centres the grids are built around.
     """
     t0 = time.time()
     results, summary = {}, {}
     for name in cfg["optimizers"]:
-        grid = lab.lr_grid(centers[name], cfg["num_lrs"])
+        grid = optimizer(name).grid(experiment, cfg["num_lrs"])
         for form in cfg.get("forms", ("unscaled", "scaled")):
             key = f"{name}/{form}"
-            res = lab.sweep(
-                family(form), form_factory(name, form), sizes=cfg["depths"], lrs=grid,
-                data=data, steps=cfg["steps"], batch_size=cfg["batch_size"], seeds=list(range(seeds)),
-                results=results_path, name=key, tag=tag, size_name="depth", progress=progress,
-                schedule=schedule, eval_examples=eval_examples, val_curve=val_curve,
-                chunks=cfg.get("chunks", 5), devices=devices,
+            res = sweep(
+                family(form),
+                form_factory(name, form),
+                sizes=cfg["depths"],
+                lrs=grid,
+                data=data,
+                steps=cfg["steps"],
+                batch_size=cfg["batch_size"],
+                seeds=list(range(seeds)),
+                results=results_path,
+                name=key,
+                tag=tag,
+                size_name="depth",
+                progress=progress,
+                schedule=schedule,
+                eval_examples=eval_examples,
+                val_curve=val_curve,
+                chunks=cfg.get("chunks", 5),
+                devices=devices,
             )
             results[key] = res
             both = res.summaries()
             summary[key], summary[f"{key}/val"] = both["train"], both["val"]
             for k, s in ((key, both["train"]), (f"{key}/val", both["val"])):
                 best = ", ".join(f"K={d}: {v:.3g}" for d, v in s["best_lr"].items())
-                print(f"[{time.time() - t0:6.0f}s] {k:22s} spread {s['spread_steps']:.2f} steps; best LR {best}; "
-                      f"at edge {s['at_edge']}; diverged {s['diverged']}", flush=True)
+                print(
+                    f"[{time.time() - t0:6.0f}s] {k:22s} spread {s['spread_steps']:.2f} steps; best LR {best}; "
+                    f"at edge {s['at_edge']}; diverged {s['diverged']}",
+                    flush=True,
+                )
     return results, summary
 
 
@@ -151,7 +167,7 @@ def throughput(results, units_per_step: int) -> dict:
     share of the vmapped program, compilation excluded)."""
     out = {}
     for key, res in results.items():
-        by_depth = {}
+        by_depth: dict[int, list[float]] = {}
         for r in res.runs:
             if r.get("step_seconds"):
                 by_depth.setdefault(r["size"], []).append(units_per_step / r["step_seconds"])
@@ -172,8 +188,9 @@ def sweep_figures(results, out, prefix, unit_title):
     forms = [f for f in FORMS if any(k.split("/")[1] == f for k in results)]
     paths = []
     for metric, label in (("train_loss", "train"), ("val_loss", "val")):
-        fig, axes = plt.subplots(len(forms), len(names), figsize=(2.9 * len(names) + 0.4, 2.7 * len(forms)),
-                                 squeeze=False, sharey="row")
+        fig, axes = plt.subplots(
+            len(forms), len(names), figsize=(2.9 * len(names) + 0.4, 2.7 * len(forms)), squeeze=False, sharey="row"
+        )
         for j, name in enumerate(names):
             for i, form in enumerate(forms):
                 res = results.get(f"{name}/{form}")
@@ -181,30 +198,40 @@ def sweep_figures(results, out, prefix, unit_title):
                     axes[i, j].set_visible(False)
                     continue
                 s = res.summary(metric)
-                lab.plot_sweep(res, ax=axes[i, j], metric=metric,
-                               title=f"{name}, {FORM_LABELS[form]}\nspread {s['spread_steps']:.2f} steps")
+                plot_sweep(
+                    res,
+                    ax=axes[i, j],
+                    metric=metric,
+                    title=f"{name}, {FORM_LABELS[form]}\nspread {s['spread_steps']:.2f} steps",
+                )
                 axes[i, j].title.set_fontsize(8)
                 if j:
                     axes[i, j].set_ylabel("")
         _common_ylim(axes, results, metric)
         fig.suptitle(f"{unit_title}: {label} loss vs peak LR (warm-up + cosine)", fontsize=9)
-        fig.tight_layout()
-        path = os.path.join(out, f"{prefix}_{label}.png")
-        lab.savefig(fig, path)
-        plt.close(fig)
-        print(f"wrote {path}")
-        paths.append(path)
+        paths.append(_write(fig, os.path.join(out, f"{prefix}_{label}.png")))
     return paths
 
 
+def _write(fig, path: str) -> str:
+    """Lay out, save and close ``fig``; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    savefig(fig, path)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
+
+
 def _common_ylim(axes, results, metric):
-    vals = [r[metric] for res in results.values() for r in res.runs
-            if r.get(metric) is not None and np.isfinite(r[metric])]
+    vals = [
+        r[metric] for res in results.values() for r in res.runs if r.get(metric) is not None and np.isfinite(r[metric])
+    ]
     if not vals:
         return
     lo = min(vals)
-    best = [v for res in results.values() for v in res.summary(metric)["loss_at_best"].values()
-            if np.isfinite(v)]
+    best = [v for res in results.values() for v in res.summary(metric)["loss_at_best"].values() if np.isfinite(v)]
     hi = max(lo + 0.5, min(max(best) + 0.6, lo + 4.0))
     for row in axes:
         row[0].set_ylim(lo - 0.03 * abs(lo), hi)
@@ -213,7 +240,7 @@ def _common_ylim(axes, results, metric):
 def timed_train_steps(family, data, cfg, lrs: dict, depth: int, reps: int = 15) -> dict:
     """Seconds per training step (forward, backward, update; one run, not the vmapped grid) of each
     scaled optimizer at ``depth`` and its LR in ``lrs``, compiled first, then timed interleaved in one
-    process (``benchmarks._common.time_update_steps``): the wall-clock axis of the which-optimizer figure
+    process (``benchmarks.cli.time_update_steps``): the wall-clock axis of the which-optimizer figure
     rests on ratios measured side by side, not on the sweep's per-run shares taken at different times."""
     import jax
 
@@ -257,18 +284,31 @@ def which_optimizer_figure(results, summary, depth, out, prefix, unit_title, ste
         r = runs[0]
         sec = (step_seconds or {}).get(name, r["step_seconds"])
         steps_t, train = np.asarray(r["curve_steps"]), np.asarray(r["curve"], float)
-        steps_v, val = np.asarray(r.get("val_curve_steps", [r["steps"]])), np.asarray(
-            r.get("val_curve", [r["val_loss"]]), float)
+        steps_v, val = (
+            np.asarray(r.get("val_curve_steps", [r["steps"]])),
+            np.asarray(r.get("val_curve", [r["val_loss"]]), float),
+        )
         kw = {"color": colors(i), "lw": 1.2, "label": f"{name} (lr {lr:.3g}, {1e3 * sec:.1f} ms/step)"}
         axes[0, 0].plot(steps_t, train, **kw)
         axes[0, 1].plot(steps_v, val, marker="o", ms=3, **kw)
         axes[1, 0].plot(steps_t * sec, train, **kw)
         axes[1, 1].plot(steps_v * sec, val, marker="o", ms=3, **kw)
-        rows[name] = {"lr": lr, "step_seconds": sec, "sweep_step_seconds": r["step_seconds"],
-                      "train_loss": r["train_loss"], "val_loss": r["val_loss"]}
-    for ax, (x, y) in zip(axes.flat, [("step", "train loss"), ("step", "val loss"),
-                                      ("seconds (one run, timed interleaved)", "train loss"),
-                                      ("seconds (one run, timed interleaved)", "val loss")]):
+        rows[name] = {
+            "lr": lr,
+            "step_seconds": sec,
+            "sweep_step_seconds": r["step_seconds"],
+            "train_loss": r["train_loss"],
+            "val_loss": r["val_loss"],
+        }
+    for ax, (x, y) in zip(
+        axes.flat,
+        [
+            ("step", "train loss"),
+            ("step", "val loss"),
+            ("seconds (one run, timed interleaved)", "train loss"),
+            ("seconds (one run, timed interleaved)", "val loss"),
+        ],
+    ):
         ax.set_xlabel(x, fontsize=8)
         ax.set_ylabel(y, fontsize=8)
         ax.grid(alpha=0.3, lw=0.4)
@@ -279,19 +319,35 @@ def which_optimizer_figure(results, summary, depth, out, prefix, unit_title, ste
             ax.set_ylim(min(finals) - 0.15, min(finals) + 1.5)
     axes[0, 0].legend(fontsize=6)
     fig.suptitle(f"{unit_title}, depth {depth}, scaled, each optimizer at its best LR", fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, f"{prefix}_which_optimizer.png")
-    lab.savefig(fig, path)
-    plt.close(fig)
-    print(f"wrote {path}")
-    return path, rows
+    return _write(fig, os.path.join(out, f"{prefix}_which_optimizer.png")), rows
 
 
 def table(summary, depths, metric_suffix=""):
     """Markdown best-LR table (depth_transfer's format) for train ('') or val ('/val')."""
-    sub = {k[: -len(metric_suffix)] if metric_suffix else k: v for k, v in summary.items()
-           if (k.endswith(metric_suffix) if metric_suffix else not k.endswith("/val"))}
-    return _table(sub, depths)
+    sub = {
+        k[: -len(metric_suffix)] if metric_suffix else k: v
+        for k, v in summary.items()
+        if (k.endswith(metric_suffix) if metric_suffix else not k.endswith("/val"))
+    }
+    return depth_table(sub, depths)
+
+
+def depth_table(summary, depths) -> str:
+    """Markdown table of the best LR per depth (``*`` at the grid's edge) and the spread, one row per
+    ``'{optimizer}/{form}'`` key of ``summary``."""
+    head = "| optimizer | form | " + " | ".join(f"K={k}" for k in depths) + " | spread (grid steps) |"
+    sep = "|" + "---|" * (len(depths) + 3)
+    rows = [head, sep]
+    for key, s in summary.items():
+        name, form = key.split("/")
+        cells = []
+        for k in depths:
+            lr = s["best_lr"].get(k)
+            mark = "*" if k in s["at_edge"] else ""
+            cells.append("diverged" if lr is None or not np.isfinite(lr) else f"{lr:.3g}{mark}")
+        rows.append(f"| {name} | {form} | " + " | ".join(cells) + f" | {s['spread_steps']:.2f} |")
+    rows.append("(* = best LR at the edge of the grid)")
+    return "\n".join(rows)
 
 
 def finish(*, benchmark, preset, cfg, data, results, summary, extra, args, t0):
@@ -314,10 +370,14 @@ def finish(*, benchmark, preset, cfg, data, results, summary, extra, args, t0):
     return payload
 
 
-def run_and_report(*, benchmark, family, data, cfg, preset, args, centers, tag, title, units_per_step, unit):
+def run_and_report(
+    *, benchmark, family, data, cfg, preset, args, tag, title, units_per_step, unit, devices=None, writer=True
+):
     """The whole depth benchmark after its model family is built: sweeps, figures, throughput, JSON.
 
-    ``unit``: what ``units_per_step`` counts (``'tokens'``, ``'images'``), for the throughput report.
+    ``benchmark``: its name, also the registry's experiment (LR-grid centres); ``unit``: what
+    ``units_per_step`` counts (``'tokens'``, ``'images'``), for the throughput report; ``devices``: the
+    sweeps' ``devices=``; ``writer``: whether this process writes figures and the JSON (multi-host: process 0).
     """
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, f"{benchmark}_{preset}.jsonl")
@@ -325,17 +385,27 @@ def run_and_report(*, benchmark, family, data, cfg, preset, args, centers, tag, 
         print(SMOKE_NOTE.format(benchmark=benchmark, preset="cpu"), flush=True)
     t0 = time.time()
     results, summary = run_sweeps(
-        family=family, data=data, cfg=cfg, centers=centers, results_path=results_path,
-        seeds=args.seeds, tag=tag, schedule=args.schedule, progress=not args.no_progress,
-        devices=_devices.setup(args),
+        family=family,
+        data=data,
+        cfg=cfg,
+        experiment=benchmark,
+        results_path=results_path,
+        seeds=args.seeds,
+        tag=tag,
+        schedule=args.schedule,
+        progress=not args.no_progress,
+        devices=devices,
     )
-    if not _devices.is_writer():  # multi-host: process 0 writes figures and the JSON
+    if not writer:
         return summary
     prefix = f"{benchmark}_{preset}"
     figures = sweep_figures(results, args.out, prefix, title)
     deepest = max(cfg["depths"])
-    best = {key.split("/")[0]: summary[f"{key}/val"]["best_lr_grid"].get(deepest) for key in results
-            if key.endswith("/scaled")}
+    best = {
+        key.split("/")[0]: summary[f"{key}/val"]["best_lr_grid"].get(deepest)
+        for key in results
+        if key.endswith("/scaled")
+    }
     print(f"timing one training step per optimizer at depth {deepest} (interleaved):", flush=True)
     step_s = timed_train_steps(family, data, cfg, {k: v for k, v in best.items() if v}, deepest)
     fig, which = which_optimizer_figure(results, summary, deepest, args.out, prefix, title, step_seconds=step_s)
@@ -344,8 +414,18 @@ def run_and_report(*, benchmark, family, data, cfg, preset, args, centers, tag, 
     for k, v in tput.items():
         print(f"  {k:18s} " + ", ".join(f"K={d}: {x:,.0f}" for d, x in v.items()))
     return finish(
-        benchmark=benchmark, preset=preset, cfg=cfg, data=data, results=results, summary=summary,
-        extra={f"throughput_{unit}_per_s": tput, "which_optimizer": {"depth": deepest, "runs": which},
-               "figures": [*figures, fig], "lr_centers": {k: centers[k] for k in cfg["optimizers"]}},
-        args=args, t0=t0,
+        benchmark=benchmark,
+        preset=preset,
+        cfg=cfg,
+        data=data,
+        results=results,
+        summary=summary,
+        extra={
+            f"throughput_{unit}_per_s": tput,
+            "which_optimizer": {"depth": deepest, "runs": which},
+            "figures": [*figures, fig],
+            "lr_centers": {k: optimizer(k).center(benchmark) for k in cfg["optimizers"]},
+        },
+        args=args,
+        t0=t0,
     )

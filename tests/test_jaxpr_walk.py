@@ -1,6 +1,4 @@
-"""Tests written for mutants that survived mutation testing of spectral_optax/_geometry/{walk,views,trace,types}.py
-(the jaxpr walk that reads each parameter's geometry off a traced forward pass); see docs/reliability.md,
-"Mutation testing".
+"""The jaxpr walk that reads each parameter's geometry off a traced forward pass.
 
 Each test traces a tiny function written here (4 x 6 matrices) and checks the decision against the geometry
 read by hand from the function's code.
