@@ -137,7 +137,14 @@ class GeometryMap:
     # -- constructors from models -------------------------------------------
     @classmethod
     def from_apply(
-        cls, apply_fn: Callable, params, *example_args, overrides=None, strict: bool = False, **example_kwargs
+        cls,
+        apply_fn: Callable,
+        params,
+        *example_args,
+        output=None,
+        overrides=None,
+        strict: bool = False,
+        **example_kwargs,
     ) -> GeometryMap:
         """Geometry read off the computation: trace ``apply_fn(params, *example_args)``.
 
@@ -154,6 +161,11 @@ class GeometryMap:
           params: the parameter tree the optimizer will see (arrays or
             ``jax.ShapeDtypeStruct``; no values are read).
           *example_args: example inputs (arrays or ``jax.ShapeDtypeStruct``).
+          output: what the loss reads, which decides the read-out (docs/math.md, "The read-out"): a
+            selector of the returned value (``lambda out: out["logits"]``, ``lambda out: out[0]``), a loss
+            traced instead (``lambda out: loss_fn(out, labels)``), or an index / key; ``None`` takes the
+            first array leaf of the returned value (logits first, as Flax, Hugging Face and big_vision
+            return them) and warns if another returned leaf would make other layers read-outs.
           overrides: ``{regex: override}``, applied before the trace.
           strict: raise instead of the element-wise fallback for undecided leaves.
           **example_kwargs: keyword inputs of ``apply_fn``.
@@ -162,7 +174,7 @@ class GeometryMap:
           GeometryError: ``apply_fn`` could not be traced on abstract inputs.
         """
         try:
-            traced = trace_geometry(apply_fn, params, *example_args, **example_kwargs)
+            traced = trace_geometry(apply_fn, params, *example_args, output=output, **example_kwargs)
         except Exception as e:  # noqa: BLE001 - any tracing failure, reported with its cause
             raise GeometryError(
                 f"GeometryMap.from_apply could not trace apply_fn on abstract inputs ({type(e).__name__}: {e}). "
@@ -172,7 +184,9 @@ class GeometryMap:
         return cls(overrides, strict=strict, traced=traced)
 
     @classmethod
-    def from_nnx(cls, module, *example_args, overrides=None, strict: bool = False, **example_kwargs) -> GeometryMap:
+    def from_nnx(
+        cls, module, *example_args, output=None, overrides=None, strict: bool = False, **example_kwargs
+    ) -> GeometryMap:
         """Layouts read from a live ``flax.nnx`` module; traced when example inputs are given.
 
         Args:
@@ -180,6 +194,11 @@ class GeometryMap:
           *example_args: example inputs of ``module(*example_args)``; with them the
             forward pass is traced as in :meth:`from_apply` (the trace decides,
             the module hints are the cross-check and the fallback).
+          output: what the loss reads, which decides the read-out (docs/math.md, "The read-out"): a
+            selector of the returned value (``lambda out: out["logits"]``, ``lambda out: out[0]``), a loss
+            traced instead (``lambda out: loss_fn(out, labels)``), or an index / key; ``None`` takes the
+            first array leaf of the returned value (logits first, as Flax, Hugging Face and big_vision
+            return them) and warns if another returned leaf would make other layers read-outs.
           overrides: ``{regex: override}``, applied first.
           strict: raise instead of the element-wise fallback for undecided leaves.
           **example_kwargs: keyword inputs of the module call.
@@ -200,11 +219,11 @@ class GeometryMap:
                 )
         if example_args or example_kwargs:
             apply, state = _nnx_apply(module)
-            traced = _trace_or_warn(trace_geometry, apply, state, *example_args, **example_kwargs)
+            traced = _trace_or_warn(trace_geometry, apply, state, *example_args, output=output, **example_kwargs)
         return cls(overrides, hints=hints, strict=strict, traced=traced)
 
     @classmethod
-    def from_linen(cls, module, *args, overrides=None, strict: bool = False, **kwargs) -> GeometryMap:
+    def from_linen(cls, module, *args, output=None, overrides=None, strict: bool = False, **kwargs) -> GeometryMap:
         """Layouts from a Linen module, traced (shapes only) on ``args``.
 
         One trace of ``module.init(key, *args, **kwargs)`` as ``jax.jit`` makes it
@@ -217,12 +236,17 @@ class GeometryMap:
         Args:
           module: the Linen module.
           *args: example inputs.
+          output: what the loss reads, which decides the read-out (docs/math.md, "The read-out"): a
+            selector of the returned value (``lambda out: out["logits"]``, ``lambda out: out[0]``), a loss
+            traced instead (``lambda out: loss_fn(out, labels)``), or an index / key; ``None`` takes the
+            first array leaf of the returned value (logits first, as Flax, Hugging Face and big_vision
+            return them) and warns if another returned leaf would make other layers read-outs.
           overrides: ``{regex: override}``, applied first.
           strict: raise instead of the element-wise fallback for undecided leaves.
           **kwargs: keyword inputs of the module call.
         """
-        hints, tr = _linen_init_trace(module, jax.random.key(0), args, kwargs)
-        traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs)
+        hints, tr = _linen_init_trace(module, jax.random.key(0), args, kwargs, output)
+        traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs, output)
         return cls(overrides, hints=hints, strict=strict, traced=traced)
 
     def check_overrides(self, paths: Sequence[str], where: str = "geometry") -> None:
@@ -464,7 +488,7 @@ def as_geometry_map(geometry: GeometryLike = None) -> GeometryMap:
     return GeometryMap(tree=geometry)
 
 
-def init_with_geometry(module, rngs, *args, overrides=None, strict: bool = False, **kwargs):
+def init_with_geometry(module, rngs, *args, output=None, overrides=None, strict: bool = False, **kwargs):
     """``module.init(rngs, *args, **kwargs)`` and its :class:`~spectral_optax.GeometryMap`, from one trace.
 
     ``jax.jit(module.init).trace(...)`` records the forward pass fed by the
@@ -478,6 +502,11 @@ def init_with_geometry(module, rngs, *args, overrides=None, strict: bool = False
       module: a Linen module.
       rngs: the PRNG key, or a dict of keys, as for ``module.init``.
       *args: the example inputs of ``module.init``.
+      output: what the loss reads, which decides the read-out (docs/math.md, "The read-out"): a
+        selector of the returned value (``lambda out: out["logits"]``, ``lambda out: out[0]``), a loss
+        traced instead (``lambda out: loss_fn(out, labels)``), or an index / key; ``None`` takes the
+        first array leaf of the returned value (logits first, as Flax, Hugging Face and big_vision
+        return them) and warns if another returned leaf would make other layers read-outs.
       overrides: ``{regex: override}``, applied first.
       strict: raise instead of the element-wise fallback for undecided leaves.
       **kwargs: keyword inputs of the module call.
@@ -486,8 +515,8 @@ def init_with_geometry(module, rngs, *args, overrides=None, strict: bool = False
       ``(variables, geometry)``: the variables dict (``{'params': ..., ...}``)
       and the :class:`~spectral_optax.GeometryMap` to pass as ``geometry=``.
     """
-    hints, tr = _linen_init_trace(module, rngs, args, kwargs)
-    traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs)
+    hints, tr = _linen_init_trace(module, rngs, args, kwargs, output)
+    traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs, output)
     params, rest = tr.values()
     return {"params": params, **rest}, GeometryMap(overrides, hints=hints, strict=strict, traced=traced)
 

@@ -55,6 +55,7 @@ class _Tracer:
         # A whole-slice gather of a parameter (expert weights picked by index): its view, and the gather use
         # it replaces if a product consumes it as a weight.
         self.gathered: dict[int, tuple[_View, int]] = {}
+        self._feeds: set[int] | None = None
         self._n = 0
 
     def fresh(self) -> int:
@@ -521,3 +522,13 @@ class _Tracer:
                         clean.add(v)
                         changed = True
         return clean
+
+    def readouts(self, outvals: Sequence[int | None]) -> set[int]:
+        """The read-out values of ``outvals`` (what the loss reads): values from which ``outvals`` are
+        reached without a parametrized product and from which no parametrized product is reached. A
+        product whose output is one of them is a read-out (docs/math.md, "The read-out"); a product whose
+        output also feeds another parametrized product (a router's gates, an encoder state that the
+        decoder reads, a returned per-layer output) computes features, not the loss's input."""
+        if self._feeds is None:
+            self._feeds = self.clean([v for ins, _, blocking in self.nodes if blocking for v in ins])
+        return self.clean(outvals) - self._feeds
