@@ -128,6 +128,12 @@ def _axis_classes(shape, records) -> tuple[dict[int, str], dict[int, int]] | str
     return classes, splits
 
 
+def _out_cut_per_index(shape, axis: int, products: list[_Use]) -> bool:
+    """Whether ``axis`` is a fan-out axis of every product that its blocks, one index each, cut."""
+    recs = [r for u in products for r in u.records if len(r) >= 2 and r[1] == axis]
+    return bool(recs) and all(r[0] == "out" or (r[0] == "block" and r[2] == shape[axis]) for r in recs)
+
+
 def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> TraceDecision:
     """One parameter's decision from its uses; ``clean`` holds the read-out values (:meth:`_Tracer.readouts`)."""
     shape = tuple(shape)
@@ -178,6 +184,12 @@ def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> T
             if len(split_axes) > 1 or min(split_axes) != min(fan_out):
                 return TraceDecision(None, f"fan-out cut into blocks on axes {sorted(split_axes)}")
             n_split = next(iter(split_axes.values()))
+        if fan_in and not fan_out:
+            # Every fan-out index used on its own (a question-answering head (d, 2) whose product is cut
+            # into start and end logits): the fan-out is that many blocks of width 1.
+            cut = [a for a in classes if classes[a] == "batch" and _out_cut_per_index(shape, a, products)]
+            if len(cut) == 1:
+                fan_out, n_split = (cut[0],), shape[cut[0]]
         if not fan_in or not fan_out:
             return TraceDecision(None, "a product without a fan-in or fan-out axis")
         kinds = sorted({u.kind for u in products})

@@ -1,0 +1,299 @@
+"""The real-model tier (issue 52): every Flax class that Hugging Face ``transformers`` 4.46.x ships,
+built at a tiny config with random weights (nothing downloaded, no PyTorch), checked with no
+hand-written truth.
+
+Used by ``tests/test_real_models.py`` (slow tier, the ``models`` extra); run as a script it prints
+the tier's counts (classes, leaves, problems):
+
+    python tests/_hf_tier.py [CLASS ...]
+
+Checks, per class:
+
+* the geometry on the model route (``GeometryMap.from_apply`` on the model's own ``__call__``) leaves
+  no leaf undecided (the element-wise fallback) and gives no ``GeometryWarning``;
+* the read-outs are exactly the leaves the logits read directly: a leaf is a read-out iff it has an
+  axis of the logits' size along which changing index ``j`` changes the logits at ``j`` only (a head's
+  column, its bias, a tied table's row for a token not in the input), found by perturbing the values;
+* one step of ``muon``, ``moga`` and ``mup_adamw`` runs, keeps every leaf's dtype and moves every leaf.
+
+The coordinate check across widths is in ``coord_check`` below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import spectral_optax as so
+
+VOCAB = 99  # the logits' size for language models; no other axis has it
+LABELS = 3  # num_labels for classification heads
+SEQ = 8
+BATCH = 2
+
+
+def flax_classes() -> list[tuple[str, str]]:
+    """``[(model_type, class_name)]`` for every Flax class that the installed transformers maps."""
+    import transformers.models.auto.modeling_flax_auto as A
+
+    pairs: dict[str, str] = {}
+    for name in dir(A):
+        if name.startswith("FLAX_MODEL") and name.endswith("MAPPING_NAMES"):
+            for model_type, cls in getattr(A, name).items():
+                pairs.setdefault(cls, model_type)
+    return sorted((t, c) for c, t in pairs.items())
+
+
+# The composite classes wrap two configs of other types: not built here (their parts are).
+COMPOSITE = {
+    "encoder-decoder": "wraps two models' configs (its parts, BERT / GPT-2 ..., are in the tier)",
+    "speech-encoder-decoder": "wraps two models' configs (its parts, Wav2Vec2 / BART ..., are in the tier)",
+    "vision-encoder-decoder": "wraps two models' configs (its parts, ViT / GPT-2 ..., are in the tier)",
+    "vision-text-dual-encoder": "wraps two models' configs (its parts, ViT / BERT ..., are in the tier)",
+}
+
+
+def tiny_config(model_type: str, width: int = 32):
+    """A tiny config of ``model_type`` at ``width`` (hidden size; heads fixed, head size grows)."""
+    from transformers import CONFIG_MAPPING
+
+    heads, ffn = 2, 2 * width
+    common = dict(
+        vocab_size=VOCAB, hidden_size=width, num_hidden_layers=2, num_attention_heads=heads, intermediate_size=ffn,
+        max_position_embeddings=64, num_labels=LABELS, d_model=width, d_ff=ffn, d_kv=width // heads,
+        num_layers=2, num_decoder_layers=2, num_heads=heads, n_embd=width, n_layer=2, n_head=heads,
+        n_inner=ffn, n_positions=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=heads,
+        decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, ffn_dim=ffn,
+        num_key_value_heads=heads, head_dim=width // heads, image_size=16, patch_size=4, num_channels=3,
+        embedding_size=width, dim=width, hidden_dim=ffn, n_layers=2, n_heads=heads, attention_heads=heads,
+        word_embed_proj_dim=width, rotary_dim=4, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=0, type_vocab_size=2, dropout_rate=0.0, tie_word_embeddings=None,
+    )  # fmt: skip
+    cfg_cls = CONFIG_MAPPING[model_type]
+    special: dict = {
+        "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4, num_layers=2),
+        "big_bird": dict(attention_type="original_full"),
+        "longt5": dict(local_radius=2, global_block_size=2),
+        "resnet": dict(embedding_size=width, hidden_sizes=[width, 2 * width], depths=[1, 1]),
+        "regnet": dict(embedding_size=width, hidden_sizes=[width, 2 * width], depths=[1, 1], groups_width=8),
+        "whisper": dict(num_mel_bins=8, max_source_positions=8, max_target_positions=16),
+        "wav2vec2": dict(conv_dim=(width, width), conv_kernel=(5, 3), conv_stride=(4, 2), num_conv_pos_embeddings=4,
+                         num_conv_pos_embedding_groups=2, num_codevectors_per_group=8, codevector_dim=width,
+                         proj_codevector_dim=width, num_codevector_groups=2),
+        "albert": dict(num_hidden_groups=1, embedding_size=16),
+        "gemma": dict(head_dim=width // heads),
+    }  # fmt: skip
+    if model_type == "clip":
+        text = {k: v for k, v in common.items() if k in ("vocab_size", "hidden_size", "num_hidden_layers")}
+        text |= dict(num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=64)
+        vision = dict(hidden_size=width, num_hidden_layers=2, num_attention_heads=heads, intermediate_size=ffn,
+                      image_size=16, patch_size=4)  # fmt: skip
+        return cfg_cls(text_config=text, vision_config=vision, projection_dim=width)
+    defaults = cfg_cls()
+    kw = {k: v for k, v in common.items() if hasattr(defaults, k) and v is not None}
+    kw |= special.get(model_type, {})
+    return cfg_cls(**kw)
+
+
+def inputs_for(model, model_type: str) -> dict:
+    """Example inputs by the first argument the model's ``__call__`` takes."""
+    params = list(inspect.signature(type(model).__call__).parameters)
+    first = params[1]
+    cfg = model.config
+    # Tokens 3 ... 52, an end-of-sequence token (2) last (sequence classifiers read it); 0 and 1 never appear.
+    ids = (jnp.arange(BATCH * SEQ).reshape(BATCH, SEQ) % (VOCAB // 2) + 3).astype(jnp.int32).at[:, -1].set(2)
+    if first == "input_ids":
+        x: dict = {"input_ids": ids}
+        if "MultipleChoice" in type(model).__name__:
+            x["input_ids"] = jnp.stack([ids, ids + 1], axis=1)
+        if "pixel_values" in params:
+            x["pixel_values"] = jnp.ones((BATCH, 3, 16, 16))
+    elif first == "pixel_values":
+        x = {"pixel_values": jnp.linspace(-1, 1, BATCH * 3 * 16 * 16).reshape(BATCH, 3, 16, 16)}
+    elif first == "input_values":
+        x = {"input_values": jnp.sin(jnp.arange(BATCH * 256) / 7.0).reshape(BATCH, 256)}
+    elif first == "input_features":
+        x = {"input_features": jnp.cos(jnp.arange(BATCH * cfg.num_mel_bins * 16) / 5.0).reshape(BATCH, -1, 16)}
+    else:
+        raise ValueError(f"unknown first input {first!r}")
+    if "decoder_input_ids" in params and first != "input_ids" or model_type in ("t5", "mt5", "longt5"):
+        x["decoder_input_ids"] = ids[:, :4]
+    return x
+
+
+def build(class_name: str, model_type: str, width: int = 32):
+    """``(model, params, inputs)``: the class at its tiny config, random weights."""
+    import transformers
+
+    cls = getattr(transformers, class_name)
+    model = cls(tiny_config(model_type, width), seed=0)
+    x = inputs_for(model, model_type)
+    return model, model.params, x
+
+
+def logits_of(out):
+    """The first array leaf of a model's output (its logits, by the convention the read-out rule takes)."""
+    return next(y for y in jax.tree_util.tree_leaves(out) if hasattr(y, "shape"))
+
+
+def apply_fn(model):
+    return lambda p, x: model(**x, params=p, train=False)
+
+
+def oracle_readouts(model, params, x) -> set[str]:
+    """Leaves the logits read directly, by perturbing values (no geometry involved): a leaf is a read-out
+    iff along one of its axes, changing the slice at index ``j`` (``j = 0, 1``) changes the logits
+    affinely (a second difference of zero) and the logits changed for ``j = 0`` and ``j = 1`` are
+    disjoint sets, one of them not empty: a head's columns, its bias, a tied table's rows for tokens
+    not in the input. A norm scale before the head changes every logit; a hidden layer changes them
+    through a norm or a nonlinearity."""
+    f = jax.jit(lambda p: logits_of(apply_fn(model)(p, x)).astype(jnp.float32))
+    base = np.asarray(f(params), np.float64)
+    tol = 1e-5 * max(1.0, float(np.abs(base).max()))
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    leaves = [lf for _, lf in flat]
+
+    def logits_with(i, idx, bump):
+        ls = list(leaves)
+        ls[i] = leaves[i].at[idx].add(bump.astype(leaves[i].dtype))
+        return np.asarray(f(jax.tree_util.tree_unflatten(treedef, ls)), np.float64) - base
+
+    found = set()
+    for i, (path, leaf) in enumerate(flat):
+        for axis in range(leaf.ndim):
+            sets = []
+            for j in range(min(2, leaf.shape[axis])):
+                idx = tuple(j if a == axis else slice(None) for a in range(leaf.ndim))
+                bump = 0.5 * jax.random.normal(jax.random.key(7 * i + j), leaf[idx].shape, jnp.float32)
+                d1 = logits_with(i, idx, bump)
+                changed = np.abs(d1) > tol
+                if changed.all() and changed.size > 1:
+                    sets = None  # every logit changed: not one slice's logits
+                    break
+                if changed.any() and np.abs(logits_with(i, idx, 2 * bump) - 2 * d1).max() > 10 * tol:
+                    sets = None  # not affine: the change passes through a norm or a nonlinearity
+                    break
+                sets.append(changed)
+            if sets and any(c.any() for c in sets) and (len(sets) == 1 or not (sets[0] & sets[1]).any()):
+                found.add(_path(path))
+                break
+    return found
+
+
+def is_base_model(class_name: str) -> bool:
+    """A class without a head (``FlaxBertModel``): its first output is a hidden state, not logits."""
+    return class_name.endswith("Model") and not any(k in class_name for k in ("LMHead", "MTModel", "CLIP"))
+
+
+def _path(path) -> str:
+    from spectral_optax._geometry import path_str
+
+    return path_str(path)
+
+
+def geometry_checks(model, params, x) -> dict:
+    """``{'leaves', 'undecided', 'warned', 'readout_wrong', 'gmap'}`` on the model route."""
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always", so.GeometryWarning)
+        gmap = so.GeometryMap.from_apply(apply_fn(model), params, x)
+        leaves = gmap.leaves(params)
+    undecided = sorted(p for p, g in leaves if g.kind == "elementwise")
+    warned = sorted({str(w.message)[:160] for w in rec if issubclass(w.category, so.GeometryWarning)})
+    got = {p for p, g in leaves if g.role == "output"}
+    truth = got if is_base_model(type(model).__name__) else oracle_readouts(model, params, x)
+    wrong = sorted((got - truth) | (truth - got))
+    return dict(leaves=len(leaves), undecided=undecided, warned=warned, readout_wrong=wrong, gmap=gmap,
+                readouts=sorted(got), truth=sorted(truth))  # fmt: skip
+
+
+def step_checks(params, gmap) -> list[str]:
+    """One step of muon, moga and mup_adamw on random gradients: runs, keeps dtypes, moves every leaf."""
+    problems = []
+    grads = jax.tree.map(lambda p: jax.random.normal(jax.random.key(p.size), p.shape, p.dtype), params)
+    for name, tx in (
+        ("muon", so.muon(0.02, geometry=gmap)),
+        ("moga", so.moga(0.02, geometry=gmap)),
+        ("mup_adamw", so.mup_adamw(0.01, geometry=gmap)),
+    ):
+        try:
+            upd, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+        except Exception as e:  # noqa: BLE001 - reported as a problem
+            problems.append(f"{name}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        for (path, u), p in zip(jax.tree_util.tree_flatten_with_path(upd)[0], jax.tree.leaves(params)):
+            if u.dtype != p.dtype:
+                problems.append(f"{name}: {_path(path)} dtype {u.dtype} != {p.dtype}")
+            elif not np.all(np.isfinite(np.asarray(u))) or not np.any(np.asarray(u) != 0):
+                problems.append(f"{name}: {_path(path)} not moved (or not finite)")
+    return problems
+
+
+@contextlib.contextmanager
+def jax_compat():
+    """transformers 4.46's Flax T5 / mT5 / LongT5 call ``jnp.clip(x, a_min=, a_max=)``, keywords that
+    JAX 0.10 removed (``min`` / ``max`` now): accepted again while the tier runs, nothing else changed."""
+    orig = jnp.clip
+    if "a_max" in inspect.signature(orig).parameters:
+        yield
+        return
+
+    def clip(x, min=None, max=None, *, a_min=None, a_max=None, **kw):  # noqa: A002
+        return orig(x, a_min if min is None else min, a_max if max is None else max, **kw)
+
+    jnp.clip = clip
+    try:
+        yield
+    finally:
+        jnp.clip = orig
+
+
+def check_class(model_type: str, class_name: str, steps: bool = True) -> dict:
+    with jax_compat():
+        model, params, x = build(class_name, model_type)
+        res = geometry_checks(model, params, x)
+        res["steps"] = step_checks(params, res["gmap"]) if steps else []
+    return res
+
+
+def problems_of(res: dict) -> list[str]:
+    out = [f"undecided {p}" for p in res["undecided"]]
+    out += [f"warned: {w}" for w in res["warned"]]
+    out += [f"read-out wrong: {p}" for p in res["readout_wrong"]]
+    out += res["steps"]
+    return out
+
+
+def main(argv) -> None:
+    names = [a for a in argv if not a.startswith("--")]
+    classes = [(t, c) for t, c in flax_classes() if not names or c in names]
+    n_cls = n_leaves = n_prob = n_bad = n_fail = 0
+    for t, c in classes:
+        if t in COMPOSITE:
+            print(f"SKIP {c}: {COMPOSITE[t]}")
+            continue
+        try:
+            res = check_class(t, c, steps="--no-steps" not in argv)
+        except Exception as e:  # noqa: BLE001
+            n_fail += 1
+            print(f"FAIL {c}: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        n_cls += 1
+        n_leaves += res["leaves"]
+        probs = problems_of(res)
+        n_prob += len(probs)
+        n_bad += bool(probs)
+        print(f"{'ok  ' if not probs else 'BAD '} {c}: {res['leaves']} leaves, read-outs {res['readouts']}")
+        for p in probs:
+            print("      ", p)
+        sys.stdout.flush()
+    print(f"classes {n_cls} (+{n_fail} failed to build), leaves {n_leaves}, problems {n_prob} in {n_bad} classes")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
