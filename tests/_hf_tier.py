@@ -59,7 +59,20 @@ COMPOSITE = {
 }
 
 
-def tiny_config(model_type: str, width: int = 32):
+# Classes that cannot run on today's JAX (0.10): the cause, for the tier's documented xfails.
+_NO_SPLIT = "transformers 4.46 calls the jax.Array.split method, which JAX 0.10 removed (jnp.split remains)"
+XFAIL = {
+    "FlaxAlbertForQuestionAnswering": _NO_SPLIT,
+    "FlaxBigBirdForQuestionAnswering": _NO_SPLIT,
+    "FlaxElectraForQuestionAnswering": _NO_SPLIT,
+    "FlaxDistilBertForQuestionAnswering": _NO_SPLIT,
+    **{f"FlaxRoFormer{h}": _NO_SPLIT + " (its sinusoidal positions)" for h in (
+        "ForMaskedLM", "ForMultipleChoice", "ForQuestionAnswering", "ForSequenceClassification",
+        "ForTokenClassification", "Model")},
+}  # fmt: skip
+
+
+def tiny_config(model_type: str, width: int = 32, class_name: str = ""):
     """A tiny config of ``model_type`` at ``width`` (hidden size; heads fixed, head size grows)."""
     from transformers import CONFIG_MAPPING
 
@@ -83,10 +96,11 @@ def tiny_config(model_type: str, width: int = 32):
         "resnet": dict(embedding_size=width, hidden_sizes=[width, 2 * width], depths=[1, 1]),
         "regnet": dict(embedding_size=width, hidden_sizes=[width, 2 * width], depths=[1, 1], groups_width=8),
         "whisper": dict(num_mel_bins=8, max_source_positions=8, max_target_positions=16),
+        "albert": dict(num_hidden_groups=1, embedding_size=16),
         "wav2vec2": dict(conv_dim=(width, width), conv_kernel=(5, 3), conv_stride=(4, 2), num_conv_pos_embeddings=4,
                          num_conv_pos_embedding_groups=2, num_codevectors_per_group=8, codevector_dim=width,
-                         proj_codevector_dim=width, num_codevector_groups=2),
-        "albert": dict(num_hidden_groups=1, embedding_size=16),
+                         proj_codevector_dim=width, num_codevector_groups=2, do_stable_layer_norm=True,
+                         feat_extract_norm="layer"),
         "gemma": dict(head_dim=width // heads),
     }  # fmt: skip
     if model_type == "clip":
@@ -98,6 +112,8 @@ def tiny_config(model_type: str, width: int = 32):
     defaults = cfg_cls()
     kw = {k: v for k, v in common.items() if hasattr(defaults, k) and v is not None}
     kw |= special.get(model_type, {})
+    if "QuestionAnswering" in class_name:
+        kw["num_labels"] = 2  # start and end logits
     return cfg_cls(**kw)
 
 
@@ -132,58 +148,81 @@ def build(class_name: str, model_type: str, width: int = 32):
     import transformers
 
     cls = getattr(transformers, class_name)
-    model = cls(tiny_config(model_type, width), seed=0)
+    model = cls(tiny_config(model_type, width, class_name), seed=0)
     x = inputs_for(model, model_type)
     return model, model.params, x
 
 
-def logits_of(out):
-    """The first array leaf of a model's output (its logits, by the convention the read-out rule takes)."""
+# What the loss reads where it is not the first array leaf (as a user says it, with ``output=``): wav2vec2's
+# contrastive loss reads its projected states and the quantized targets.
+OUTPUTS = {
+    "FlaxWav2Vec2ForPreTraining": lambda out: (out.projected_states, out.projected_quantized_states),
+}
+
+
+def logits_of(out, class_name=""):
+    """What the loss reads: the first array leaf of a model's output (its logits, the read-out rule's
+    default), or the :data:`OUTPUTS` selection."""
+    if class_name in OUTPUTS:
+        return OUTPUTS[class_name](out)
     return next(y for y in jax.tree_util.tree_leaves(out) if hasattr(y, "shape"))
 
 
-def apply_fn(model):
-    return lambda p, x: model(**x, params=p, train=False)
+def apply_fn(model, **extra):
+    """``(params, inputs) -> outputs`` by the model's own ``__call__``, deterministic (no dropout)."""
+    names = inspect.signature(type(model).__call__).parameters
+    mode = {"train": False} if "train" in names else {"deterministic": True} if "deterministic" in names else {}
+    return lambda p, x: model(**x, params=p, **mode, **extra)
 
 
 def oracle_readouts(model, params, x) -> set[str]:
-    """Leaves the logits read directly, by perturbing values (no geometry involved): a leaf is a read-out
-    iff along one of its axes, changing the slice at index ``j`` (``j = 0, 1``) changes the logits
-    affinely (a second difference of zero) and the logits changed for ``j = 0`` and ``j = 1`` are
-    disjoint sets, one of them not empty: a head's columns, its bias, a tied table's rows for tokens
-    not in the input. A norm scale before the head changes every logit; a hidden layer changes them
-    through a norm or a nonlinearity."""
-    f = jax.jit(lambda p: logits_of(apply_fn(model)(p, x)).astype(jnp.float32))
-    base = np.asarray(f(params), np.float64)
-    tol = 1e-5 * max(1.0, float(np.abs(base).max()))
+    """Leaves the logits read directly, from derivatives (no geometry involved): a leaf is a read-out iff
+    along one of its axes, a change of the slice at index ``j`` (``j = 0, 1``) changes the logits
+    affinely (their second derivative along it is exactly zero) and the logits it changes for ``j = 0``
+    and ``j = 1`` are in disjoint sets of columns (last axis), one of them not empty: a head's columns,
+    its bias, a tied table's rows for tokens not in the input; or a one-column head ``(d, 1)`` and its
+    bias, along their last axis. A norm scale before the head changes every
+    logit; a hidden layer changes them through a norm or a nonlinearity (a second derivative)."""
+
+    def logits(p):
+        ys = logits_of(apply_fn(model)(p, x), type(model).__name__)
+        return [y.astype(jnp.float32) for y in jax.tree.leaves(ys)]
+
+    @jax.jit
+    def derivatives(p, tangent):
+        first = lambda q: jax.jvp(logits, (q,), (tangent,))[1]  # noqa: E731
+        return jax.jvp(first, (p,), (tangent,))
+
     flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-    leaves = [lf for _, lf in flat]
-
-    def logits_with(i, idx, bump):
-        ls = list(leaves)
-        ls[i] = leaves[i].at[idx].add(bump.astype(leaves[i].dtype))
-        return np.asarray(f(jax.tree_util.tree_unflatten(treedef, ls)), np.float64) - base
-
+    zeros = [jnp.zeros_like(lf) for _, lf in flat]
     found = set()
     for i, (path, leaf) in enumerate(flat):
         for axis in range(leaf.ndim):
             sets = []
             for j in range(min(2, leaf.shape[axis])):
                 idx = tuple(j if a == axis else slice(None) for a in range(leaf.ndim))
-                bump = 0.5 * jax.random.normal(jax.random.key(7 * i + j), leaf[idx].shape, jnp.float32)
-                d1 = logits_with(i, idx, bump)
-                changed = np.abs(d1) > tol
-                if changed.all() and changed.size > 1:
-                    sets = None  # every logit changed: not one slice's logits
-                    break
-                if changed.any() and np.abs(logits_with(i, idx, 2 * bump) - 2 * d1).max() > 10 * tol:
+                t = list(zeros)
+                t[i] = zeros[i].at[idx].set(jax.random.normal(jax.random.key(i), leaf[idx].shape, leaf.dtype))
+                d1, d2 = derivatives(params, jax.tree_util.tree_unflatten(treedef, t))
+                if any(np.any(np.asarray(v) != 0) for v in d2):
                     sets = None  # not affine: the change passes through a norm or a nonlinearity
                     break
-                sets.append(changed)
-            if sets and any(c.any() for c in sets) and (len(sets) == 1 or not (sets[0] & sets[1]).any()):
+                # The logits' columns (last axis) it changes.
+                sets.append({(k, c) for k, v in enumerate(d1) for c in np.nonzero(np.any(np.asarray(v) != 0,
+                             axis=tuple(range(v.ndim - 1))))[0]})  # fmt: skip
+            one_column = leaf.shape[-1] == 1 and leaf.ndim <= 2  # a (d, 1) head or its (1,) bias
+            if sets and any(sets) and (not sets[0] & sets[-1] if len(sets) == 2 else one_column):
                 found.add(_path(path))
                 break
     return found
+
+
+# Classes whose first output is not a layer's logits: their read-outs are not checked by the oracle.
+NO_ORACLE = {
+    "FlaxCLIPModel": "contrastive logits: cosine similarities of two normalized projections",
+    "FlaxWav2Vec2ForPreTraining": "the loss reads the quantizer's gathered codebook through project_q, which the "
+    "perturbation cannot tell from a head's columns",
+}
 
 
 def is_base_model(class_name: str) -> bool:
@@ -201,12 +240,14 @@ def geometry_checks(model, params, x) -> dict:
     """``{'leaves', 'undecided', 'warned', 'readout_wrong', 'gmap'}`` on the model route."""
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always", so.GeometryWarning)
-        gmap = so.GeometryMap.from_apply(apply_fn(model), params, x)
+        sel = OUTPUTS.get(type(model).__name__)
+        gmap = so.GeometryMap.from_apply(apply_fn(model), params, x, **({"output": sel} if sel else {}))
         leaves = gmap.leaves(params)
     undecided = sorted(p for p, g in leaves if g.kind == "elementwise")
     warned = sorted({str(w.message)[:160] for w in rec if issubclass(w.category, so.GeometryWarning)})
     got = {p for p, g in leaves if g.role == "output"}
-    truth = got if is_base_model(type(model).__name__) else oracle_readouts(model, params, x)
+    name = type(model).__name__
+    truth = got if is_base_model(name) or name in NO_ORACLE else oracle_readouts(model, params, x)
     wrong = sorted((got - truth) | (truth - got))
     return dict(leaves=len(leaves), undecided=undecided, warned=warned, readout_wrong=wrong, gmap=gmap,
                 readouts=sorted(got), truth=sorted(truth))  # fmt: skip

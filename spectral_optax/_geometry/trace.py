@@ -199,6 +199,13 @@ def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> T
         if readout:
             how += ", read-out"
         return TraceDecision(Geometry(shape, "matrix", fan_in, fan_out, fan_out_splits=n_split, role=role), how)
+    gains = [u for u in uses if u.kind == "gain"]
+    if gains and len(gains) == len(uses):
+        res = classes_of(gains)
+        if isinstance(res, str):
+            return TraceDecision(None, f"a gain multiplied into another parameter: {res}")
+        fan_out = tuple(a for a, c in res[0].items() if c == "out")
+        return TraceDecision(Geometry(shape, "vector", (), fan_out), "trace: a gain of another parameter (vector)")
     tokens = [u for u in uses if u.kind == "token"]
     if tokens and len(tokens) == len(uses):
         res = classes_of(tokens)

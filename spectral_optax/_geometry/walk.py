@@ -278,6 +278,15 @@ class _Tracer:
                 self.uses[u].partner = partner.use if partner is not None else None
             elif tuple(out_shape) == tuple(in_shapes[vi]):
                 self.views[outs[0]] = view  # scaled by a constant / by itself: still the parameter
+            if name == "mul" and not any(v in self.act for v in others):
+                # A gain multiplied into another parameter (weight normalization's g): a vector over its
+                # axes of size > 1; the product keeps the view of the parameter it has the shape of.
+                for i, w in enumerate(views):
+                    if w is not None and tuple(in_shapes[i]) != tuple(out_shape):
+                        gain = {d: "out" for d, n in enumerate(in_shapes[i]) if n > 1}
+                        self.use(w, "gain", self.classify(w, gain))
+                    elif w is not None and i != vi:
+                        self.views[outs[0]] = w
             return False
         if name in _REDUCTIONS:
             return False  # a norm of the parameter (weight normalization): not a use
