@@ -79,11 +79,11 @@ def tiny_config(model_type: str, width: int = 32, class_name: str = ""):
     heads, ffn = 2, 2 * width
     common = dict(
         vocab_size=VOCAB, hidden_size=width, num_hidden_layers=2, num_attention_heads=heads, intermediate_size=ffn,
-        max_position_embeddings=64, num_labels=LABELS, d_model=width, d_ff=ffn, d_kv=width // heads,
+        max_position_embeddings=256, num_labels=LABELS, d_model=width, d_ff=ffn, d_kv=width // heads,
         num_layers=2, num_decoder_layers=2, num_heads=heads, n_embd=width, n_layer=2, n_head=heads,
         n_inner=ffn, n_positions=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=heads,
         decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, ffn_dim=ffn,
-        num_key_value_heads=heads, head_dim=width // heads, image_size=16, patch_size=4, num_channels=3,
+        num_key_value_heads=heads, image_size=16, patch_size=4, num_channels=3,
         embedding_size=width, dim=width, hidden_dim=ffn, n_layers=2, n_heads=heads, attention_heads=heads,
         word_embed_proj_dim=width, rotary_dim=4, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         decoder_start_token_id=0, type_vocab_size=2, dropout_rate=0.0, tie_word_embeddings=None,
@@ -300,6 +300,50 @@ def check_class(model_type: str, class_name: str, steps: bool = True) -> dict:
         res = geometry_checks(model, params, x)
         res["steps"] = step_checks(params, res["gmap"]) if steps else []
     return res
+
+
+def coord_check(class_name: str, model_type: str, optimizer: str, widths=(32, 64, 128), seed: int = 0) -> dict:
+    """muP's yardstick on a real class: from Parametrization-1 init (``reinitialize`` on the traced
+    geometry), one step of ``optimizer`` (``'muon'``, ``'moga'``, ``'mup_adamw'``, the same learning rate at
+    every width) on the cross-entropy of fixed labels; per layer (the model's ``hidden_states`` and the
+    logits) the change of its output, ``rms(h1 - h0) / rms(h0)`` (the logits: ``rms(f1 - f0)``), per width.
+    Flat in width when every leaf's geometry and role are right; a hidden layer read out, or a wrong
+    fan-in, shows as a slope. Returns ``{layer: [change per width]}``."""
+    import optax
+
+    table: dict[str, list[float]] = {}
+    base = None
+    with jax_compat():
+        for w in widths:
+            model, params, x = build(class_name, model_type, w)
+            gmap = so.GeometryMap.from_apply(apply_fn(model), params, x)
+            params = so.initializers.reinitialize(jax.random.key(seed), params, gmap)
+            base = base if base is not None else jax.eval_shape(lambda p: p, params)
+            run = apply_fn(model, output_hidden_states=True)
+
+            def feats(p, run=run, x=x):
+                out = run(p, x)
+                return list(out.hidden_states) + [logits_of(out)]
+
+            def loss(p, run=run, x=x):
+                y = logits_of(run(p, x)).astype(jnp.float32)
+                labels = jnp.arange(y.size // y.shape[-1]).reshape(y.shape[:-1]) % y.shape[-1]
+                return optax.softmax_cross_entropy_with_integer_labels(y, labels).mean()
+
+            tx = {
+                "muon": lambda: so.muon(0.02, geometry=gmap),
+                "moga": lambda: so.moga(0.02, geometry=gmap),
+                "mup_adamw": lambda: so.mup_adamw(0.01, base=base, geometry=gmap, weight_decay=0.0),
+            }[optimizer]()
+            grads = jax.jit(jax.grad(loss))(params)
+            upd, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+            f = jax.jit(feats)
+            h0, h1 = f(params), f(optax.apply_updates(params, upd))
+            for k, (a, b) in enumerate(zip(h0, h1)):
+                name = "logits" if k == len(h0) - 1 else f"h{k}"
+                rms = lambda v: float(jnp.sqrt(jnp.mean(jnp.square(v.astype(jnp.float32)))))  # noqa: E731
+                table.setdefault(name, []).append(rms(b - a) / (1.0 if name == "logits" else rms(a)))
+    return table
 
 
 def problems_of(res: dict) -> list[str]:
