@@ -155,8 +155,10 @@ def build(class_name: str, model_type: str, width: int = 32):
 
 # What the loss reads where it is not the first array leaf (as a user says it, with ``output=``): wav2vec2's
 # contrastive loss reads its projected states and the quantized targets.
+# The pre-training losses read two outputs: the masked-LM logits and the next-sentence / sentence-order logits.
 OUTPUTS = {
     "FlaxWav2Vec2ForPreTraining": lambda out: (out.projected_states, out.projected_quantized_states),
+    **{f"Flax{m}ForPreTraining": (lambda out: (out[0], out[1])) for m in ("Albert", "Bert", "BigBird")},
 }
 
 

@@ -202,10 +202,11 @@ def test_muon_dimension_numbers_are_a_geometry(name):
             assert gmap.decided_by(p, spec[p][0]) == "dimension numbers"
         else:
             assert same(got[p], truth[p]), (p, got[p], truth[p])  # None: the other rules decide
-    tx = so.muon(0.02, geometry=dims)
-    params = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), tree_of(spec))
-    upd, _ = tx.update(params, tx.init(params), params)
-    assert jax.tree.structure(upd) == jax.tree.structure(params)
+    if name == "llama2_scanned_linen":  # the named optimizers take the tree as their geometry
+        tx = so.muon(0.02, geometry=dims)
+        params = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), tree_of(spec))
+        upd, _ = jax.jit(tx.update)(params, tx.init(params), params)
+        assert jax.tree.structure(upd) == jax.tree.structure(params)
 
 
 def test_dimension_numbers_that_do_not_fit_the_leaf_are_an_error_naming_it():
