@@ -374,7 +374,8 @@ def problems_of(res: dict) -> list[str]:
 
 def main(argv) -> None:
     names = [a for a in argv if not a.startswith("--")]
-    classes = [(t, c) for t, c in flax_classes() if not names or c in names]
+    types = {c: t for t, c in flax_classes()}
+    classes = [(types[c], c) for c in names if c in types] if names else flax_classes()
     n_cls = n_leaves = n_prob = n_bad = n_fail = 0
     for t, c in classes:
         if t in COMPOSITE:
