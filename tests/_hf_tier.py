@@ -255,10 +255,11 @@ def geometry_checks(model, params, x) -> dict:
         name = type(model).__name__
         # A headless model's loss is the user's: the tier says it reads the last hidden state.
         sel = OUTPUTS.get(name) or ((lambda out: out[0]) if is_base_model(name) else None)
-        # The selection traced as the model's output (what output=sel does; the same on a package without it).
         run = apply_fn(model)
-        traced = run if sel is None else (lambda p, x: sel(run(p, x)))
-        gmap = so.GeometryMap.from_apply(traced, params, x)
+        if "output" in inspect.signature(so.GeometryMap.from_apply).parameters:
+            gmap = so.GeometryMap.from_apply(run, params, x, output=sel)
+        else:  # a package without output= (the "before" count): the selection traced as the model's output
+            gmap = so.GeometryMap.from_apply(run if sel is None else (lambda p, x: sel(run(p, x))), params, x)
         leaves = gmap.leaves(params)
     undecided = sorted(p for p, g in leaves if g.kind == "elementwise")
     warned = sorted({str(w.message)[:160] for w in rec if issubclass(w.category, so.GeometryWarning)})
