@@ -15,6 +15,7 @@ inside the functions, so that ``import spectral_optax`` does not load Flax.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,7 +23,7 @@ import jax
 import numpy as np
 
 from spectral_optax._geometry.trace import InitTrace, TraceDecision, trace_geometry, trace_init
-from spectral_optax._geometry.types import _leaves_with_paths
+from spectral_optax._geometry.types import GeometryWarning, _leaves_with_paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +185,7 @@ def _linen_hint_recorder():
     return hints, interceptor
 
 
-def _linen_init_trace(module, rngs, args, kwargs) -> tuple[dict, InitTrace]:
+def _linen_init_trace(module, rngs, args, kwargs, output=None) -> tuple[dict, InitTrace]:
     """One ``jax.jit`` trace of ``module.init(rngs, *args, **kwargs)``, hints recorded: ``(hints, InitTrace)``."""
     import flax.linen as nn
 
@@ -196,11 +197,11 @@ def _linen_init_trace(module, rngs, args, kwargs) -> tuple[dict, InitTrace]:
 
     hints, interceptor = _linen_hint_recorder()
     with nn.intercept_methods(interceptor):
-        tr = trace_init(init, rngs, *args, **kwargs)
+        tr = trace_init(init, rngs, *args, output=output, **kwargs)
     return hints, tr
 
 
-def _linen_apply_trace(module, variables, args, kwargs) -> dict[str, TraceDecision]:
+def _linen_apply_trace(module, variables, args, kwargs, output=None) -> dict[str, TraceDecision]:
     """The decisions of a trace of ``module.apply`` on ``variables`` (arrays or shapes)."""
     others = [c for c in variables if c != "params"]
 
@@ -211,14 +212,16 @@ def _linen_apply_trace(module, variables, args, kwargs) -> dict[str, TraceDecisi
         return out[0] if others else out  # the model's output, not the updated batch statistics
 
     rest = {c: variables[c] for c in others}
-    return trace_geometry(apply, variables.get("params", {}), rest, *args, **kwargs)
+    return trace_geometry(apply, variables.get("params", {}), rest, *args, output=output, **kwargs)
 
 
-def _linen_decisions(module, tr: InitTrace, args, kwargs) -> dict[str, TraceDecision]:
+def _linen_decisions(module, tr: InitTrace, args, kwargs, output=None) -> dict[str, TraceDecision]:
     """The init trace's decisions; the parameters it cannot place come from a trace of ``apply``."""
     traced = dict(tr.decisions())
     if tr.unmapped:
         params, rest = tr.traced.out_info  # shapes only
-        applied = _linen_apply_trace(module, {"params": params, **rest}, args, kwargs)
+        with warnings.catch_warnings():  # the init trace warned about the returned value already
+            warnings.simplefilter("ignore", GeometryWarning)
+            applied = _linen_apply_trace(module, {"params": params, **rest}, args, kwargs, output)
         traced.update({p: applied[p] for p in tr.unmapped if p in applied})
     return traced

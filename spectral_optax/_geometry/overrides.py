@@ -69,12 +69,17 @@ def _compile_overrides(overrides: Mapping[str, Override]) -> list:
     return out
 
 
-def _override_help(path: str, shape: tuple[int, ...]) -> str:
-    """The lines of an error or warning that show the override fixing the leaf ``(path, shape)``."""
+def _override_help(
+    path: str, shape: tuple[int, ...], axes: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+) -> str:
+    """The lines of an error or warning that show the override fixing the leaf ``(path, shape)``;
+    ``axes`` (fan-in, fan-out) are the ones its surroundings suggest (default: the last two axes)."""
     pattern = "/".join(path.split("/")[-2:]) + "$"
+    fan_in, fan_out = axes if axes is not None else ((-2,), (-1,))
     return (
         "Fix it with an override, matched by regex on the '/'-joined path, e.g.\n"
-        f"    geometry={{r'{pattern}': dict(kind='matrix', fan_in_axes=(-2,), fan_out_axes=(-1,))}}\n"
+        f"    geometry={{r'{pattern}': dict(kind='matrix', fan_in_axes={tuple(fan_in)}, "
+        f"fan_out_axes={tuple(fan_out)})}}\n"
         "  (axes in neither list are batch axes: stacked layers, heads, experts), or\n"
         f"    geometry={{r'{pattern}': spectral_optax.Geometry.vector({shape})}},\n"
         "  or let the model tell: spectral_optax.GeometryMap.from_linen(model, x) / "

@@ -40,6 +40,7 @@ from spectral_optax._geometry.overrides import (
     _looks_like_regex_dict,
     _override_help,
 )
+from spectral_optax._geometry.stacked import drop_axis, insert_axis, stacked_groups, suggested_axes
 from spectral_optax._geometry.trace import trace_geometry
 from spectral_optax._geometry.types import (
     ELEMENTWISE,
@@ -101,8 +102,10 @@ class GeometryMap:
       overrides: ``{regex: override}``: an override (a :class:`~spectral_optax.Geometry`, a kind
         name, or a dict of :class:`~spectral_optax.Geometry` fields) for every leaf whose path
         the regex ``re.search``-es (rule 1).
-      tree: an explicit geometry tree: leaves of :class:`~spectral_optax.Geometry` nested like
-        the params they describe (rule 2).
+      tree: an explicit geometry tree: leaves of :class:`~spectral_optax.Geometry`, or Muon dimension
+        numbers (``optax.contrib.MuonDimensionNumbers``: an optax or MaxText
+        ``muon_weight_dimension_numbers`` tree), nested like the params they describe (rule 2;
+        a ``None`` leaf is decided by the other rules).
       hints: layout hints by module path, as recorded by :meth:`from_linen` /
         :meth:`from_nnx` (rule 4; rarely given by hand).
       strict: raise :class:`~spectral_optax.GeometryError` instead of the element-wise fallback.
@@ -122,22 +125,31 @@ class GeometryMap:
         self.strict = bool(strict)
         self.traced = dict(traced or {})
         self.overrides = _compile_overrides(overrides or {})
-        self.explicit: dict[str, Geometry] = {}
+        self.explicit: dict[str, Any] = {}
         if tree is not None:
-            flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, Geometry))
+            leaf = lambda x: isinstance(x, Geometry) or _is_dimension_numbers(x)  # noqa: E731
+            flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=leaf)
             for p, g in flat:
-                if isinstance(g, Geometry):
+                if leaf(g):
                     self.explicit[path_str(p)] = g
         self.hints = dict(hints or {})
         self._cache: dict[tuple, tuple[Geometry, ...]] = {}
         self._decided: dict[tuple[str, tuple[int, ...]], Geometry] = {}
         self._how: dict[tuple[str, tuple[int, ...]], str] = {}
         self._checked: set[tuple[str, ...]] = set()
+        self._stack_cache: dict[int, tuple[Any, dict]] = {}
 
     # -- constructors from models -------------------------------------------
     @classmethod
     def from_apply(
-        cls, apply_fn: Callable, params, *example_args, overrides=None, strict: bool = False, **example_kwargs
+        cls,
+        apply_fn: Callable,
+        params,
+        *example_args,
+        output=None,
+        overrides=None,
+        strict: bool = False,
+        **example_kwargs,
     ) -> GeometryMap:
         """Geometry read off the computation: trace ``apply_fn(params, *example_args)``.
 
@@ -154,6 +166,11 @@ class GeometryMap:
           params: the parameter tree the optimizer will see (arrays or
             ``jax.ShapeDtypeStruct``; no values are read).
           *example_args: example inputs (arrays or ``jax.ShapeDtypeStruct``).
+          output: what the loss reads, which decides the read-out (docs/math.md, "The read-out"): a
+            selector of the returned value (``lambda out: out["logits"]``, ``lambda out: out[0]``), a loss
+            traced instead (``lambda out: loss_fn(out, labels)``), or an index / key; ``None`` takes the
+            first array leaf of the returned value (logits first, as Flax, Hugging Face and big_vision
+            return them) and warns if another returned leaf would make other layers read-outs.
           overrides: ``{regex: override}``, applied before the trace.
           strict: raise instead of the element-wise fallback for undecided leaves.
           **example_kwargs: keyword inputs of ``apply_fn``.
@@ -162,7 +179,7 @@ class GeometryMap:
           GeometryError: ``apply_fn`` could not be traced on abstract inputs.
         """
         try:
-            traced = trace_geometry(apply_fn, params, *example_args, **example_kwargs)
+            traced = trace_geometry(apply_fn, params, *example_args, output=output, **example_kwargs)
         except Exception as e:  # noqa: BLE001 - any tracing failure, reported with its cause
             raise GeometryError(
                 f"GeometryMap.from_apply could not trace apply_fn on abstract inputs ({type(e).__name__}: {e}). "
@@ -172,7 +189,9 @@ class GeometryMap:
         return cls(overrides, strict=strict, traced=traced)
 
     @classmethod
-    def from_nnx(cls, module, *example_args, overrides=None, strict: bool = False, **example_kwargs) -> GeometryMap:
+    def from_nnx(
+        cls, module, *example_args, output=None, overrides=None, strict: bool = False, **example_kwargs
+    ) -> GeometryMap:
         """Layouts read from a live ``flax.nnx`` module; traced when example inputs are given.
 
         Args:
@@ -180,6 +199,11 @@ class GeometryMap:
           *example_args: example inputs of ``module(*example_args)``; with them the
             forward pass is traced as in :meth:`from_apply` (the trace decides,
             the module hints are the cross-check and the fallback).
+          output: what the loss reads, which decides the read-out (docs/math.md, "The read-out"): a
+            selector of the returned value (``lambda out: out["logits"]``, ``lambda out: out[0]``), a loss
+            traced instead (``lambda out: loss_fn(out, labels)``), or an index / key; ``None`` takes the
+            first array leaf of the returned value (logits first, as Flax, Hugging Face and big_vision
+            return them) and warns if another returned leaf would make other layers read-outs.
           overrides: ``{regex: override}``, applied first.
           strict: raise instead of the element-wise fallback for undecided leaves.
           **example_kwargs: keyword inputs of the module call.
@@ -200,11 +224,11 @@ class GeometryMap:
                 )
         if example_args or example_kwargs:
             apply, state = _nnx_apply(module)
-            traced = _trace_or_warn(trace_geometry, apply, state, *example_args, **example_kwargs)
+            traced = _trace_or_warn(trace_geometry, apply, state, *example_args, output=output, **example_kwargs)
         return cls(overrides, hints=hints, strict=strict, traced=traced)
 
     @classmethod
-    def from_linen(cls, module, *args, overrides=None, strict: bool = False, **kwargs) -> GeometryMap:
+    def from_linen(cls, module, *args, output=None, overrides=None, strict: bool = False, **kwargs) -> GeometryMap:
         """Layouts from a Linen module, traced (shapes only) on ``args``.
 
         One trace of ``module.init(key, *args, **kwargs)`` as ``jax.jit`` makes it
@@ -217,12 +241,17 @@ class GeometryMap:
         Args:
           module: the Linen module.
           *args: example inputs.
+          output: what the loss reads, which decides the read-out (docs/math.md, "The read-out"): a
+            selector of the returned value (``lambda out: out["logits"]``, ``lambda out: out[0]``), a loss
+            traced instead (``lambda out: loss_fn(out, labels)``), or an index / key; ``None`` takes the
+            first array leaf of the returned value (logits first, as Flax, Hugging Face and big_vision
+            return them) and warns if another returned leaf would make other layers read-outs.
           overrides: ``{regex: override}``, applied first.
           strict: raise instead of the element-wise fallback for undecided leaves.
           **kwargs: keyword inputs of the module call.
         """
-        hints, tr = _linen_init_trace(module, jax.random.key(0), args, kwargs)
-        traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs)
+        hints, tr = _linen_init_trace(module, jax.random.key(0), args, kwargs, output)
+        traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs, output)
         return cls(overrides, hints=hints, strict=strict, traced=traced)
 
     def check_overrides(self, paths: Sequence[str], where: str = "geometry") -> None:
@@ -287,7 +316,7 @@ class GeometryMap:
                 + (f"the trace could not decide it ({why}), " if why else "no rule decides its geometry, ")
                 + "so it gets the element-wise route (AdamW in muon, sign in moga, per-entry normalization in "
                 "spectral_sgd, a plain SGD / Adam step in the muP optimizers). "
-                + _override_help(path, shape)
+                + (getattr(e, "help", None) or _override_help(path, shape, suggested_axes(path, shape, shape_of)))
                 + "\n  Pass geometry=spectral_optax.GeometryMap(strict=True) to make this an error.",
                 GeometryWarning,
                 stacklevel=2,
@@ -323,7 +352,10 @@ class GeometryMap:
             if pattern.search(path):
                 return _apply_override(override, path, shape), f"override {pattern.pattern!r}"
         if path in self.explicit:
-            return _apply_override(self.explicit[path], path, shape), "explicit geometry tree"
+            e = self.explicit[path]
+            if _is_dimension_numbers(e):
+                return _from_dimension_numbers(e, path, shape), "dimension numbers"
+            return _apply_override(e, path, shape), "explicit geometry tree"
         t = self._trace_for(path, shape)
         hint = self._from_hint(path, shape)
         if t is not None and t.geometry is not None:
@@ -375,11 +407,21 @@ class GeometryMap:
             )
             err.reason = t.reason  # type: ignore[attr-defined]
             raise err
+        stacked = self._stacked(shape_of).get(path)
+        if stacked is not None:
+            return _stacked_by_names(path, shape, shape_of, stacked)
         g = _from_names(path, shape, shape_of, self._resolve_one)
         if head is not None and g.role == "output" and not _is_output_path(path):
             _default_head_warning(path, shape, head)
             return g, f"name rule, guessed read-out ({head})"
         return g, "name rule" + (f" (trace: {t.reason})" if t is not None else "")
+
+    def _stacked(self, shape_of) -> dict[str, tuple[str, int]]:
+        """:func:`~spectral_optax._geometry.stacked.stacked_groups` of the tree ``shape_of`` (cached)."""
+        key = id(shape_of)
+        if key not in self._stack_cache or self._stack_cache[key][0] is not shape_of:
+            self._stack_cache[key] = (shape_of, stacked_groups(shape_of))
+        return self._stack_cache[key][1]
 
     def _hint_for(self, path: str):
         parts = tuple(path.split("/"))
@@ -422,6 +464,51 @@ class GeometryMap:
         return [(p, g) for (p, _), g in zip(flat, geoms)]
 
 
+def _stacked_by_names(path: str, shape: tuple[int, ...], shape_of, stacked: tuple[str, int]) -> tuple[Geometry, str]:
+    """A leaf of a block stacked on axis ``a`` (:mod:`~spectral_optax._geometry.stacked`): the name rules
+    on the block's shapes without axis ``a``, then ``a`` put back as a batch axis."""
+    block, a = stacked
+    sub_of = {p: (drop_axis(s, a) if p.startswith(block + "/") else s) for p, s in shape_of.items()}
+
+    def by_names(p, s, so):
+        return _from_names(p, s, so, by_names)
+
+    try:
+        with warnings.catch_warnings():  # the name rules' own suggestions count axes without the layer axis
+            warnings.simplefilter("ignore", GeometryWarning)
+            g = by_names(path, drop_axis(shape, a), sub_of)
+    except UndecidableGeometryError:
+        err = UndecidableGeometryError(
+            f"cannot infer the geometry of parameter '{path}' with shape {shape}: axis {a} is the layer axis "
+            f"that every parameter of '{block}' shares (a batch axis), and no naming rule decides the others."
+        )
+        err.help = (  # type: ignore[attr-defined]
+            f"(axis {a} is the layer axis of '{block}': a batch axis). "
+            + _override_help(path, shape, suggested_axes(path, shape, shape_of))
+        )
+        raise err from None
+    g = Geometry(shape, g.kind, insert_axis(g.fan_in_axes, a), insert_axis(g.fan_out_axes, a), g.fan_out_splits, g.role)
+    return g, f"name rule, axis {a} the layer axis of '{block}'"
+
+
+def _is_dimension_numbers(x) -> bool:
+    """An ``optax.contrib.MuonDimensionNumbers`` (or a class with its fields, as MaxText's own)."""
+    return hasattr(x, "reduction_axis") and hasattr(x, "output_axis") and not isinstance(x, type)
+
+
+def _from_dimension_numbers(dn, path: str, shape: tuple[int, ...]) -> Geometry:
+    """The matrix geometry that Muon dimension numbers state: the reduction axes fan-in, the output axes
+    fan-out, every other axis a batch axis (optax's meaning)."""
+    as_tuple = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,)  # noqa: E731
+    red, out = as_tuple(dn.reduction_axis), as_tuple(dn.output_axis)
+    try:
+        if any(not -len(shape) <= a < len(shape) for a in red + out):
+            raise GeometryError(f"reduction_axis={red}, output_axis={out} are not axes of a {len(shape)}-D array")
+        return Geometry(shape, "matrix", red, out)
+    except GeometryError as e:
+        raise GeometryError(f"Muon dimension numbers for parameter '{path}' {shape}: {e}") from e
+
+
 def _axes_of(g: Geometry) -> tuple:
     """What two geometries must share to place the same axes (the role aside)."""
     return (g.kind, g.fan_in_axes, g.fan_out_axes, g.fan_out_splits)
@@ -442,8 +529,11 @@ def as_geometry_map(geometry: GeometryLike = None) -> GeometryMap:
     """Normalise every accepted ``geometry=`` argument into a :class:`~spectral_optax.GeometryMap`.
 
     Accepts ``None`` (infer from names), a :class:`~spectral_optax.GeometryMap`, a dict
-    ``{regex: override}``, a tree whose leaves are :class:`~spectral_optax.Geometry` (matched
-    by path), or a live ``flax.nnx.Module``. Leaves that no rule decides fall
+    ``{regex: override}``, a tree whose leaves are :class:`~spectral_optax.Geometry` or
+    Muon dimension numbers (``optax.contrib.MuonDimensionNumbers``, as optax's and MaxText's
+    ``muon_weight_dimension_numbers``: reduction axes fan-in, output axes fan-out, the others batch;
+    a ``None`` leaf leaves the parameter to the other rules), matched by path, or a live
+    ``flax.nnx.Module``. Leaves that no rule decides fall
     back to ``'elementwise'`` with a warning; use ``GeometryMap(..., strict=True)``
     to raise instead.
 
@@ -464,7 +554,7 @@ def as_geometry_map(geometry: GeometryLike = None) -> GeometryMap:
     return GeometryMap(tree=geometry)
 
 
-def init_with_geometry(module, rngs, *args, overrides=None, strict: bool = False, **kwargs):
+def init_with_geometry(module, rngs, *args, output=None, overrides=None, strict: bool = False, **kwargs):
     """``module.init(rngs, *args, **kwargs)`` and its :class:`~spectral_optax.GeometryMap`, from one trace.
 
     ``jax.jit(module.init).trace(...)`` records the forward pass fed by the
@@ -478,6 +568,11 @@ def init_with_geometry(module, rngs, *args, overrides=None, strict: bool = False
       module: a Linen module.
       rngs: the PRNG key, or a dict of keys, as for ``module.init``.
       *args: the example inputs of ``module.init``.
+      output: what the loss reads, which decides the read-out (docs/math.md, "The read-out"): a
+        selector of the returned value (``lambda out: out["logits"]``, ``lambda out: out[0]``), a loss
+        traced instead (``lambda out: loss_fn(out, labels)``), or an index / key; ``None`` takes the
+        first array leaf of the returned value (logits first, as Flax, Hugging Face and big_vision
+        return them) and warns if another returned leaf would make other layers read-outs.
       overrides: ``{regex: override}``, applied first.
       strict: raise instead of the element-wise fallback for undecided leaves.
       **kwargs: keyword inputs of the module call.
@@ -486,8 +581,8 @@ def init_with_geometry(module, rngs, *args, overrides=None, strict: bool = False
       ``(variables, geometry)``: the variables dict (``{'params': ..., ...}``)
       and the :class:`~spectral_optax.GeometryMap` to pass as ``geometry=``.
     """
-    hints, tr = _linen_init_trace(module, rngs, args, kwargs)
-    traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs)
+    hints, tr = _linen_init_trace(module, rngs, args, kwargs, output)
+    traced = _trace_or_warn(_linen_decisions, module, tr, args, kwargs, output)
     params, rest = tr.values()
     return {"params": params, **rest}, GeometryMap(overrides, hints=hints, strict=strict, traced=traced)
 

@@ -29,10 +29,15 @@ scaling by a constant, the sub-jaxprs of ``jit`` / ``custom_jvp`` /
   activations (a query probe, a class or register token): a constant input,
   a vector (one token) or an embedding (several).
 
-The read-out (``role='output'``) is a parametrized product whose result
-reaches the traced function's output without passing through another
-parametrized product. A table used both as lookup and as product (a tied
-embedding) is an embedding; read out, it gets ``role='output'``.
+The read-out (``role='output'``) is what the loss reads (docs/math.md, "The
+read-out"): a parametrized product whose result reaches the loss's input without
+passing through another parametrized product and feeds no parametrized product.
+The loss's input is the selected part of the returned value (``output=``: a
+selector such as ``lambda out: out["logits"]``, or a loss traced instead), by
+default the first array leaf of the returned value; where another returned leaf
+would make another product a read-out, a ``GeometryWarning`` names it and the
+selector. A table used both as lookup and as product (a tied embedding) is an
+embedding; read out, it gets ``role='output'``.
 
 Anything else (an opaque primitive or callback, uses that disagree, an axis
 cut in blocks that a :class:`~spectral_optax.Geometry` cannot express) leaves the parameter
@@ -56,6 +61,7 @@ vector. docs/guide.md lists the rules and their order.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -64,7 +70,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jex_core
 
-from spectral_optax._geometry.types import Geometry, _leaves_with_paths, path_str
+from spectral_optax._geometry.types import Geometry, GeometryWarning, _leaves_with_paths, path_str
 from spectral_optax._geometry.views import _param_view, _Use
 from spectral_optax._geometry.walk import _Tracer
 
@@ -122,7 +128,14 @@ def _axis_classes(shape, records) -> tuple[dict[int, str], dict[int, int]] | str
     return classes, splits
 
 
+def _out_cut_per_index(shape, axis: int, products: list[_Use]) -> bool:
+    """Whether ``axis`` is a fan-out axis of every product that its blocks, one index each, cut."""
+    recs = [r for u in products for r in u.records if len(r) >= 2 and r[1] == axis]
+    return bool(recs) and all(r[0] == "out" or (r[0] == "block" and r[2] == shape[axis]) for r in recs)
+
+
 def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> TraceDecision:
+    """One parameter's decision from its uses; ``clean`` holds the read-out values (:meth:`_Tracer.readouts`)."""
     shape = tuple(shape)
     uses = [u for u in uses if u.kind != "selection"]  # a gather of whole slices that a product then takes
     if not uses:
@@ -171,6 +184,12 @@ def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> T
             if len(split_axes) > 1 or min(split_axes) != min(fan_out):
                 return TraceDecision(None, f"fan-out cut into blocks on axes {sorted(split_axes)}")
             n_split = next(iter(split_axes.values()))
+        if fan_in and not fan_out:
+            # Every fan-out index used on its own (a question-answering head (d, 2) whose product is cut
+            # into start and end logits): the fan-out is that many blocks of width 1.
+            cut = [a for a in classes if classes[a] == "batch" and _out_cut_per_index(shape, a, products)]
+            if len(cut) == 1:
+                fan_out, n_split = (cut[0],), shape[cut[0]]
         if not fan_in or not fan_out:
             return TraceDecision(None, "a product without a fan-in or fan-out axis")
         kinds = sorted({u.kind for u in products})
@@ -180,6 +199,13 @@ def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> T
         if readout:
             how += ", read-out"
         return TraceDecision(Geometry(shape, "matrix", fan_in, fan_out, fan_out_splits=n_split, role=role), how)
+    gains = [u for u in uses if u.kind == "gain"]
+    if gains and len(gains) == len(uses):
+        res = classes_of(gains)
+        if isinstance(res, str):
+            return TraceDecision(None, f"a gain multiplied into another parameter: {res}")
+        fan_out = tuple(a for a, c in res[0].items() if c == "out")
+        return TraceDecision(Geometry(shape, "vector", (), fan_out), "trace: a gain of another parameter (vector)")
     tokens = [u for u in uses if u.kind == "token"]
     if tokens and len(tokens) == len(uses):
         res = classes_of(tokens)
@@ -231,21 +257,75 @@ def _rebuild(flat, tdef, idx, leaves):
     return jax.tree_util.tree_unflatten(tdef, out)
 
 
-def _decisions(tr: _Tracer, outs, paths, shapes) -> dict[str, TraceDecision]:
+def _decisions(tr: _Tracer, outs, paths, shapes, others=()) -> dict[str, TraceDecision]:
+    """Every parameter's decision; ``outs`` are the loss's input (the selected output) and ``others``
+    ``[(name, values)]`` the other leaves of the returned value, checked by :func:`_warn_other_outputs`."""
     tr.finish()
-    clean = tr.clean(outs)
+    clean = tr.readouts(outs)
     by_param: dict[int, list[_Use]] = {k: [] for k in range(len(paths))}
     for u in tr.uses:
         by_param[u.p].append(u)
+    _warn_other_outputs(tr, clean, others, paths)
     return {path: _decide(shapes[k], by_param[k], clean, tr.uses) for k, path in enumerate(paths)}
 
 
-def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str, TraceDecision]:
+def _warn_other_outputs(tr: _Tracer, clean: set[int], others, paths) -> None:
+    """A :class:`~spectral_optax.GeometryWarning` if a returned leaf other than the one taken as the loss's
+    input would make other parametrized products read-outs: it names those leaves, their products'
+    parameters, and the ``output=`` selector that says which one the loss reads."""
+    found = []
+    products = [u for u in tr.uses if u.kind in ("dot", "conv")]
+    read = {u.p for u in products if u.out in clean}
+    for name, vals in others:
+        extra = tr.readouts(vals) - clean
+        ps = sorted({paths[u.p] for u in products if u.out in extra and u.p not in read})
+        if ps:
+            found.append((name, ps))
+    if not found:
+        return
+    shown = "; ".join(f"out{n} (reached by the product of {', '.join(repr(p) for p in ps[:4])})" for n, ps in found)
+    first = found[0][0]
+    warnings.warn(
+        "the model returns more than one array: the first array leaf is taken as what the loss reads (its "
+        f"logits), and the read-out is the layer that computes it. The returned value also holds {shown}, "
+        "which would make those layers read-outs if the loss read them. If the loss reads another leaf, "
+        f"say which: output=lambda out: out{first} (or a loss traced instead: output=lambda out: "
+        "loss_fn(out, labels)).",
+        GeometryWarning,
+        stacklevel=4,
+    )
+
+
+def _selector(output) -> Callable | None:
+    """``output=`` as a callable: ``None`` (the first array leaf), a callable (a selector of the returned
+    value, or a loss traced instead), or an index / key (``out[output]``)."""
+    if output is None or callable(output):
+        return output
+    if isinstance(output, (int, str)):
+        return lambda out: out[output]
+    raise TypeError(
+        f"output= must be a callable (a selector of the model's returned value, e.g. lambda out: out[0], or a "
+        f"loss traced instead), an index or a key; got {type(output).__name__}"
+    )
+
+
+def _split_outputs(out_tree, values) -> tuple[list, list]:
+    """``(primary, others)``: the first array leaf's value, and ``[(keystr, [value])]`` for the others."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(out_tree)
+    arr = [(jax.tree_util.keystr(k), v) for (k, x), v in zip(flat, values) if hasattr(x, "shape")]
+    if not arr:
+        return list(values), []
+    return [arr[0][1]], [(n, [v]) for n, v in arr[1:]]
+
+
+def trace_geometry(apply_fn: Callable, params: Any, *args, output: Any = None, **kwargs) -> dict[str, TraceDecision]:
     """Trace ``apply_fn(params, *args, **kwargs)`` on abstract values; decide each parameter.
 
     Args:
-      apply_fn: ``(params, *args, **kwargs) -> outputs`` (the outputs' leaves
-        are "the output" for the read-out rule).
+      apply_fn: ``(params, *args, **kwargs) -> outputs``.
+      output: what the loss reads, for the read-out rule: ``None`` (the first array leaf of
+        ``outputs``, with a warning if another leaf would make other read-outs), a callable applied to
+        ``outputs`` (a selector, or a loss traced instead; all its leaves are read), or an index / key.
       params: the parameter tree (arrays or ``jax.ShapeDtypeStruct``).
       *args: example inputs (arrays or ``jax.ShapeDtypeStruct``; other
         leaves are passed through unchanged, as static values).
@@ -265,9 +345,11 @@ def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str
         for i, v in zip(p_idx, p_leaves):
             pl[i] = v
         a, kw = _rebuild(a_flat, a_def, a_idx, a_leaves)
-        return apply_fn(jax.tree_util.tree_unflatten(p_def, pl), *a, **kw)
+        out = apply_fn(jax.tree_util.tree_unflatten(p_def, pl), *a, **kw)
+        return out if select is None else select(out)
 
-    closed = jax.make_jaxpr(fn)([p_abs[i] for i in p_idx], a_abs)
+    select = _selector(output)
+    closed, out_tree = jax.make_jaxpr(fn, return_shape=True)([p_abs[i] for i in p_idx], a_abs)
     jaxpr = closed.jaxpr
     shapes = [tuple(p_abs[i].shape) for i in p_idx]  # type: ignore[union-attr]
     tr = _Tracer(shapes)
@@ -277,7 +359,8 @@ def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str
         tr.views[in_vals[k]] = _param_view(k, shapes[k])
     tr.act.update(in_vals[n:])
     outs = tr.walk(jaxpr, in_vals)
-    return _decisions(tr, outs, [path_str(p_flat[i][0]) for i in p_idx], shapes)
+    primary, others = _split_outputs(out_tree, outs) if select is None else (outs, [])
+    return _decisions(tr, primary, [path_str(p_flat[i][0]) for i in p_idx], shapes, others)
 
 
 #: The name that :func:`trace_init` gives the model's outputs in the init jaxpr (``checkpoint_name``: an
@@ -285,9 +368,17 @@ def trace_geometry(apply_fn: Callable, params: Any, *args, **kwargs) -> dict[str
 _OUTPUT_MARK = "spectral_optax:model_output"
 
 
-def _marked_outputs(jaxpr) -> list:
-    """The variables :func:`trace_init` marked as the model's outputs (top level of ``jaxpr``)."""
-    return [e.invars[0] for e in jaxpr.eqns if e.primitive.name == "name" and e.params.get("name") == _OUTPUT_MARK]
+def _marked_outputs(jaxpr) -> tuple[list, list[tuple[str, list]]]:
+    """The variables :func:`trace_init` marked as the model's outputs (top level of ``jaxpr``):
+    ``(what the loss reads, [(keystr, [variable])] for the other returned leaves)``."""
+    main, others = [], []
+    for e in jaxpr.eqns:
+        name = e.params.get("name") if e.primitive.name == "name" else None
+        if name == _OUTPUT_MARK:
+            main.append(e.invars[0])
+        elif isinstance(name, str) and name.startswith(_OUTPUT_MARK + "|"):
+            others.append((name[len(_OUTPUT_MARK) + 1 :], [e.invars[0]]))
+    return main, others
 
 
 def _dead_ends(jaxpr) -> list:
@@ -356,13 +447,21 @@ class InitTrace:
         if self._decisions is None:
             closed = self.traced.jaxpr
             pv, _ = _param_vars(closed.jaxpr.outvars, self.paths)
-            dead = _marked_outputs(closed.jaxpr) or _dead_ends(closed.jaxpr)
-            tr, outs = self._walk(closed.jaxpr, pv, lambda t, env, _: [env[v] for v in dead if env.get(v) in t.act])
+            marked, other_vars = _marked_outputs(closed.jaxpr)
+            dead = marked or _dead_ends(closed.jaxpr)
+            others: list = []
+
+            def pick(t, env, _):
+                others[:] = [(n, [env.get(v) for v in vs]) for n, vs in other_vars]
+                return [env[v] for v in dead if env.get(v) in t.act]
+
+            tr, outs = self._walk(closed.jaxpr, pv, pick)
             if not outs:
                 closed, n_y = self._with_output()
                 pv, _ = _param_vars(closed.jaxpr.outvars[n_y:], self.paths)
                 tr, outs = self._walk(closed.jaxpr, pv, lambda t, env, o: o[:n_y])
-            self._decisions = _decisions(tr, outs, self.paths, self.shapes)
+                others = []
+            self._decisions = _decisions(tr, outs, self.paths, self.shapes, others)
             self.unmapped = sorted(set(self.unmapped) | {self.paths[k] for k in tr.unmapped})
         return self._decisions
 
@@ -375,7 +474,7 @@ class InitTrace:
         return self.traced.lower()
 
 
-def trace_init(init_fn: Callable, rngs: Any, *args, **kwargs) -> InitTrace:
+def trace_init(init_fn: Callable, rngs: Any, *args, output: Any = None, **kwargs) -> InitTrace:
     """Trace ``init_fn(rngs, *args, **kwargs) -> (outputs, params, rest)`` once, as ``jax.jit`` does.
 
     The jaxpr of an ``init`` that runs the forward pass (Linen's ``init``)
@@ -391,6 +490,7 @@ def trace_init(init_fn: Callable, rngs: Any, *args, **kwargs) -> InitTrace:
         needed for the read-out), the parameter tree, any other variables.
       rngs: the PRNG key(s) (not activations).
       *args: example inputs (arrays or ``jax.ShapeDtypeStruct``; other leaves are static).
+      output: what the loss reads, as in :func:`trace_geometry`.
       **kwargs: keyword inputs, as ``args``.
 
     Returns:
@@ -399,15 +499,25 @@ def trace_init(init_fn: Callable, rngs: Any, *args, **kwargs) -> InitTrace:
     flat, tdef, abst, idx = _static_split((rngs, args, kwargs))
     n_keys = len([i for i in idx if i < len(jax.tree_util.tree_leaves(rngs))])
 
+    select = _selector(output)
+
     def full(leaves):
         r, a, kw = _rebuild(flat, tdef, idx, leaves)
-        return init_fn(r, *a, **kw)
+        y, *rest = init_fn(r, *a, **kw)
+        return (y if select is None else select(y), *rest)
 
     def marked(leaves):
         out = full(leaves)
-        for y in jax.tree_util.tree_leaves(out[0]):
+        first = True
+        for k, y in jax.tree_util.tree_flatten_with_path(out[0])[0]:
+            if not hasattr(y, "shape"):
+                continue
+            # The first array leaf is what the loss reads (all of a selection); the others are named for
+            # the warning. checkpoint_name is unused: it only names the value in the jaxpr.
+            name = _OUTPUT_MARK if first or select is not None else f"{_OUTPUT_MARK}|{jax.tree_util.keystr(k)}"
+            first = False
             if isinstance(y, jax.core.Tracer):
-                checkpoint_name(y, _OUTPUT_MARK)  # unused: only names the output in the jaxpr
+                checkpoint_name(y, name)
         return out[1:]
 
     traced = jax.jit(marked).trace(abst)

@@ -55,6 +55,7 @@ class _Tracer:
         # A whole-slice gather of a parameter (expert weights picked by index): its view, and the gather use
         # it replaces if a product consumes it as a weight.
         self.gathered: dict[int, tuple[_View, int]] = {}
+        self._feeds: set[int] | None = None
         self._n = 0
 
     def fresh(self) -> int:
@@ -277,6 +278,15 @@ class _Tracer:
                 self.uses[u].partner = partner.use if partner is not None else None
             elif tuple(out_shape) == tuple(in_shapes[vi]):
                 self.views[outs[0]] = view  # scaled by a constant / by itself: still the parameter
+            if name == "mul" and not any(v in self.act for v in others):
+                # A gain multiplied into another parameter (weight normalization's g): a vector over its
+                # axes of size > 1; the product keeps the view of the parameter it has the shape of.
+                for i, w in enumerate(views):
+                    if w is not None and tuple(in_shapes[i]) != tuple(out_shape):
+                        gain = {d: "out" for d, n in enumerate(in_shapes[i]) if n > 1}
+                        self.use(w, "gain", self.classify(w, gain))
+                    elif w is not None and i != vi:
+                        self.views[outs[0]] = w
             return False
         if name in _REDUCTIONS:
             return False  # a norm of the parameter (weight normalization): not a use
@@ -521,3 +531,13 @@ class _Tracer:
                         clean.add(v)
                         changed = True
         return clean
+
+    def readouts(self, outvals: Sequence[int | None]) -> set[int]:
+        """The read-out values of ``outvals`` (what the loss reads): values from which ``outvals`` are
+        reached without a parametrized product and from which no parametrized product is reached. A
+        product whose output is one of them is a read-out (docs/math.md, "The read-out"); a product whose
+        output also feeds another parametrized product (a router's gates, an encoder state that the
+        decoder reads, a returned per-layer output) computes features, not the loss's input."""
+        if self._feeds is None:
+            self._feeds = self.clean([v for ins, _, blocking in self.nodes if blocking for v in ins])
+        return self.clean(outvals) - self._feeds
