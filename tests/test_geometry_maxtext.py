@@ -221,3 +221,20 @@ def test_convlocal_kernel_on_plain_params_is_warned():
             "conv_1": {"kernel": jnp.ones((3, 3, 4, 4))}, "head": {"kernel": jnp.ones((4, 10))}}  # fmt: skip
     _, msgs = decide(tree)
     assert any("'conv_init/kernel'" in m and "ConvLocal" in m for m in msgs), msgs
+
+
+@pytest.mark.parametrize("head_dim", [4, 8])
+def test_flax_attention_with_heads_equal_to_head_dim_is_no_layer_stack(head_dim):
+    """Flax's attention on plain params: ``query/kernel (D, heads, head_dim)`` beside ``query/bias (heads,
+    head_dim)``. With ``heads == head_dim`` the two share a size on axis 1, which is no layer axis (the size
+    stands on another axis too): the leaves are decided as with ``heads != head_dim``, no batch axis."""
+    D, N = 16, 4
+    proj = lambda: {"kernel": jnp.zeros((D, N, head_dim)), "bias": jnp.zeros((N, head_dim))}
+    tree = {"attn": {"query": proj(), "key": proj(), "value": proj(),
+                     "out": {"kernel": jnp.zeros((N, head_dim, D)), "bias": jnp.zeros((D,))}}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", so.GeometryWarning)
+        got = {p: summary(g) for p, g in GeometryMap().leaves(tree)}
+    assert got["attn/query/kernel"][1:4] == ((0,), (1, 2), ()), got["attn/query/kernel"]
+    assert got["attn/query/bias"][3] == (), got["attn/query/bias"]
+    assert got["attn/out/kernel"][1:4] == ((0, 1), (2,), ()), got["attn/out/kernel"]

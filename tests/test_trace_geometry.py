@@ -32,8 +32,12 @@ from spectral_optax import Geometry, GeometryMap
 
 
 def path_str(path) -> str:
-    """``'a/b/0'`` for a ``jax.tree_util`` key path (dict keys, attributes and sequence indices)."""
-    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+    """``'a/b/0'`` for a ``jax.tree_util`` key path (dict keys, attributes and sequence indices), without the
+    trailing ``value`` of an NNX ``Param`` (the path a user writes, as in ``so.describe``)."""
+    names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    while names and names[-1] in ("value", "raw_value"):
+        names.pop()
+    return "/".join(names)
 
 
 # A truth entry: (kind, fan_in_axes, fan_out_axes, batch_axes, fan_out_splits, role).

@@ -42,6 +42,11 @@ def stacked_groups(shape_of: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[s
         shared = [a for a in range(min(len(s) for s in shapes)) if len({s[a] for s in shapes}) == 1]
         if len(shared) != 1 or shared[0] == 0 or shapes[0][shared[0]] == 1:
             continue
+        # The layer count stands on that axis only: a size that a leaf also has elsewhere (Flax attention's
+        # (D, heads, head_dim) kernel beside its (heads, head_dim) bias, heads == head_dim) is no layer axis.
+        a, layers = shared[0], shapes[0][shared[0]]
+        if any(n == layers for s in shapes for i, n in enumerate(s) if i != a):
+            continue
         for p in group:
             out[p] = (prefix, shared[0])
     return out
