@@ -33,6 +33,7 @@ import optax
 from optax.contrib import MuonDimensionNumbers, MuonState
 
 from spectral_optax._geometry import Geometry, GeometryMap, path_str
+from spectral_optax._mesh.layout import replicated_on_mesh_of
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
 
 __all__ = ["CONTRIB_NS_COEFFS", "contrib_muon"]
@@ -149,10 +150,11 @@ def _scale_by_contrib_muon(
     mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
 
     def init_fn(params):
+        # The small arrays on the parameters' mesh (replicated), the layout the update returns them in.
         return MuonState(
-            count=jnp.zeros([], jnp.int32),
+            count=replicated_on_mesh_of(jnp.zeros([], jnp.int32), params),
             mu=optax.tree.zeros_like(params, dtype=mu_dtype),
-            ns_coeffs=jnp.asarray(table, dtype=jnp.float32),
+            ns_coeffs=replicated_on_mesh_of(jnp.asarray(table, dtype=jnp.float32), params),
         )
 
     def orthogonalize(tree, dims_tree):
