@@ -113,3 +113,9 @@ def test_defaults_in_the_docs_tables_are_the_codes(path):
             wrong.append(f"{name}({kw}={value}): the code's default is {default!r}")
     assert seen, f"{path.name}: no signature found in its tables"
     assert not wrong, f"{path.name}: " + "; ".join(wrong)
+
+
+def test_readme_at_most_250_lines():
+    """The README is the front page: details belong to the guide and the results page."""
+    n = len((ROOT / "README.md").read_text().splitlines())
+    assert n <= 250, f"README.md has {n} lines (at most 250): move detail to docs/guide.md or docs/benchmarks.md"
