@@ -141,7 +141,7 @@ COMPILE_DRAWS_SLOW = [
     pytest.param(
         (256, "llama1b", False, 1, 1, "explicit", 4),
         marks=pytest.mark.xfail(
-            strict=False,
+            run=False,  # a compile known not to finish would hold CI for its 30-minute timeout
             reason="its compile had not finished after 24 min (11 CPU-minutes, 6.7 GB of host memory) on the "
             "loaded 2-core machine, 2026-12-07, against 14 s for --layout largest: open",
         ),
