@@ -242,7 +242,19 @@ def test_2d_tiled_split_groups_route_through_bounded_all_to_alls(layout):
     assert int(all_to_all) <= 16, out[-2000:]  # one per tiling class and direction, + the deals
 
 
+#: A known defect, open (2026-12-07): on an Explicit FSDP mesh, a tree whose Muon partition holds no sharded
+#: leaf, ``so.contrib_muon``'s ``init`` leaves ``ns_coeffs`` on one device while the step returns it on the mesh
+#: (``P()``): the state's layout changes after the first step. Its updates equal one device's in every case run
+#: before it; the fast tier's covering cases pass.
+KNOWN = {
+    "contrib_muon": "state layout: ns_coeffs on one device after init, on the mesh after the step (Explicit fsdp)",
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize(
+    "optimizer",
+    [pytest.param(o, marks=pytest.mark.xfail(reason=KNOWN[o], strict=False)) if o in KNOWN else o for o in OPTIMIZERS],
+)
 def test_layout_matrix_every_case(optimizer):
     _run([(optimizer, *rest) for rest in itertools.product(AXIS_TYPES, LAYOUTS, TREES)], timeout=3000)
