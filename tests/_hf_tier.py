@@ -179,13 +179,15 @@ def apply_fn(model, **extra):
 
 def oracle_readouts(model, params, x) -> set[str]:
     """Leaves the logits read directly, from derivatives (no geometry involved): a leaf is a read-out iff
-    along one of its axes, a change of the slice at index ``j`` (the last two indices: tokens never in the
+    along one of its axes, a change of the slice at index ``j`` (the last four indices: tokens never in the
     inputs, which use 2 ... 52 and the special tokens 0, 1, 2) changes the logits
-    affinely (their second derivative along it is exactly zero) and the logits it changes for ``j = 0``
-    the other index are in disjoint sets of columns (last axis), one of them not empty: a head's columns,
+    affinely (their second derivative along it is exactly zero) and the logits the indices change are in
+    pairwise disjoint sets of columns (last axis), at least two of them not empty: a head's columns,
     its bias, a tied table's rows for tokens not in the input; or a one-column head ``(d, 1)`` and its
     bias, along their last axis. A norm scale before the head changes every
-    logit; a hidden layer changes them through a norm or a nonlinearity (a second derivative)."""
+    logit; a hidden layer changes them through a norm or a nonlinearity (a second derivative), or, behind
+    a ReLU (piecewise linear: no second derivative), through every live unit into the same columns (a
+    dead unit changes none: two of four indices must change some)."""
 
     def logits(p):
         ys = logits_of(apply_fn(model)(p, x), type(model).__name__)
@@ -202,7 +204,7 @@ def oracle_readouts(model, params, x) -> set[str]:
     for i, (path, leaf) in enumerate(flat):
         for axis in range(leaf.ndim):
             sets = []
-            for j in range(leaf.shape[axis] - 1, max(-1, leaf.shape[axis] - 3), -1):  # the last two indices
+            for j in range(leaf.shape[axis] - 1, max(-1, leaf.shape[axis] - 5), -1):  # the last four indices
                 idx = tuple(j if a == axis else slice(None) for a in range(leaf.ndim))
                 t = list(zeros)
                 t[i] = zeros[i].at[idx].set(jax.random.normal(jax.random.key(i), leaf[idx].shape, leaf.dtype))
@@ -214,7 +216,9 @@ def oracle_readouts(model, params, x) -> set[str]:
                 sets.append({(k, c) for k, v in enumerate(d1) for c in np.nonzero(np.any(np.asarray(v) != 0,
                              axis=tuple(range(v.ndim - 1))))[0]})  # fmt: skip
             one_column = leaf.shape[-1] == 1 and leaf.ndim <= 2  # a (d, 1) head or its (1,) bias
-            if sets and any(sets) and (not sets[0] & sets[-1] if len(sets) == 2 else one_column):
+            live = [s for s in sets or () if s]
+            disjoint = sum(len(s) for s in live) == len(set().union(*live)) if live else False
+            if live and (len(live) >= 2 and disjoint if len(sets) >= 2 else one_column):
                 found.add(_path(path))
                 break
     return found
