@@ -12,7 +12,7 @@ over 5% of the steps, cosine decay to 0) at every depth; train loss (last 5%
 of steps) and validation loss (held-out last 10% of the text) are both
 recorded and reported.
 
-    python -m benchmarks.gpt_depth [--quick | --preset cpu|gpu] [--json PATH] [--out DIR]
+    python -m benchmarks.gpt_depth [--quick | --preset cpu|cpu64|gpu] [--json PATH] [--out DIR]
         [--seeds K] [--optimizers muon,moga1.5,moga2,moga2.5,adamw | all] [--data text|text:PATH]
         [--depths 2,4,8] [--steps N] [--width W] [--context T] [--batch-size B] [--dtype bfloat16]
         [--forms unscaled,scaled,depth_mup]
@@ -42,6 +42,11 @@ PRESETS = {
               "optimizers": ("muon", "moga2"), "dtype": "float32"},
     "cpu": {"depths": (2, 4, 8, 16), "width": 32, "context": 64, "batch_size": 8, "steps": 120, "num_lrs": 6,
             "optimizers": ("muon", "moga2", "adamw"), "dtype": "float32"},
+    # The paper's 64x range of depth on a CPU: the cpu preset's sizes at depths up to 128, the five optimizers,
+    # 2 seeds at depths 2, 16 and 128, each grid extended (twice at most) where its best sits at an edge.
+    "cpu64": {"depths": (2, 4, 8, 16, 32, 64, 128), "width": 32, "context": 64, "batch_size": 8, "steps": 120,
+              "num_lrs": 6, "optimizers": ("muon", "moga1.5", "moga2", "moga2.5", "adamw"), "dtype": "float32",
+              "seed_depths": ((2, 16, 128), 2), "extend_edges": 2},
     # Not measured yet (no accelerator in the session that wrote it).
     "gpu": {"depths": (2, 4, 8, 16, 32, 64, 128), "width": 256, "context": 256, "batch_size": 32,
             "steps": 2000, "num_lrs": 9, "optimizers": ("muon", "moga1.5", "moga2", "moga2.5", "adamw"),

@@ -164,9 +164,12 @@ OUTPUTS = {
 
 def logits_of(out, class_name=""):
     """What the loss reads: the first array leaf of a model's output (its logits, the read-out rule's
-    default), or the :data:`OUTPUTS` selection."""
+    default), or the :data:`OUTPUTS` selection; a question-answering loss reads the start and the end logits
+    (the oracle sees both; the geometry is left to find the head's two one-column blocks by itself)."""
     if class_name in OUTPUTS:
         return OUTPUTS[class_name](out)
+    if class_name.endswith("ForQuestionAnswering"):
+        return (out[0], out[1])
     return next(y for y in jax.tree_util.tree_leaves(out) if hasattr(y, "shape"))
 
 

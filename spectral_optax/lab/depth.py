@@ -30,7 +30,8 @@ import optax
 import spectral_optax as so
 from spectral_optax.lab._plots import plot_sweep, savefig
 from spectral_optax.lab._registry import optimizer
-from spectral_optax.lab._sweep import sweep
+from spectral_optax.lab._summary import summarize
+from spectral_optax.lab._sweep import SweepResult, sweep
 from spectral_optax.lab.cli import SMOKE_NOTE, environment, preset_with_overrides, time_update_steps, write_json
 
 #: every optimizer variant the depth paper compares (default runs pick a subset)
@@ -82,6 +83,17 @@ def parser(description: str, presets) -> argparse.ArgumentParser:
     p.add_argument(
         "--forms", default=None, help=f"comma-separated depth rules among {','.join(FORMS)} (default unscaled,scaled)"
     )
+    p.add_argument(
+        "--extend-edges",
+        type=int,
+        default=None,
+        help="times to add an LR beyond a grid's edge where a depth's best sits there (overrides the preset)",
+    )
+    p.add_argument(
+        "--seed-depths",
+        default=None,
+        help="DEPTHS:K, e.g. 2,16,128:2: K seeds at those depths, --seeds elsewhere (overrides the preset)",
+    )
     p.add_argument("--schedule", choices=("warmup_cosine", "constant"), default="warmup_cosine")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     return p
@@ -95,6 +107,13 @@ def config(args, presets) -> tuple[str, dict]:
         cfg["optimizers"] = ALL_OPTIMIZERS if args.optimizers == "all" else tuple(args.optimizers.split(","))
     for name in cfg["optimizers"]:
         optimizer_factory(name)  # fail early on a typo
+    if getattr(args, "extend_edges", None) is not None:
+        cfg["extend_edges"] = args.extend_edges
+    if getattr(args, "seed_depths", None):
+        depths, _, k = args.seed_depths.partition(":")
+        if not k.isdigit():
+            raise SystemExit(f"--seed-depths must be DEPTHS:K (e.g. 2,16,128:2), got {args.seed_depths!r}")
+        cfg["seed_depths"] = (tuple(int(d) for d in depths.split(",")), int(k))
     cfg["forms"] = tuple(args.forms.split(",")) if getattr(args, "forms", None) else ("unscaled", "scaled")
     unknown = [f for f in cfg["forms"] if f not in FORMS]
     if unknown:
@@ -121,34 +140,55 @@ def run_sweeps(
     (results, summary), printing as it goes.
 
     ``family(form: str) -> (depth -> lab.Model)``; ``experiment``: the registry's experiment whose LR-grid
-    centres the grids are built around.
+    centres the grids are built around. Two optional ``cfg`` keys widen a sweep where it is thin:
+    ``seed_depths: (depths, k)`` runs ``k`` seeds (not ``seeds``) at those depths; ``extend_edges: n`` adds, up
+    to ``n`` times, one LR a grid step beyond the edge at each depth whose best train or validation loss
+    sits at its grid's edge (a best at the edge is a bound, not a minimum), all seeds of that depth.
+    Every run goes to ``results_path``, so a rerun resumes, extensions included.
     """
     t0 = time.time()
     results, summary = {}, {}
+    extra_depths, extra_seeds = cfg.get("seed_depths") or ((), seeds)
     for name in cfg["optimizers"]:
         grid = optimizer(name).grid(experiment, cfg["num_lrs"])
+        ratio = grid[1] / grid[0] if len(grid) > 1 else 2.0
         for form in cfg.get("forms", ("unscaled", "scaled")):
             key = f"{name}/{form}"
-            res = sweep(
-                family(form),
-                form_factory(name, form),
-                sizes=cfg["depths"],
-                lrs=grid,
-                data=data,
-                steps=cfg["steps"],
-                batch_size=cfg["batch_size"],
-                seeds=list(range(seeds)),
-                results=results_path,
-                name=key,
-                tag=tag,
-                size_name="depth",
-                progress=progress,
-                schedule=schedule,
-                eval_examples=eval_examples,
-                val_curve=val_curve,
-                chunks=cfg.get("chunks", 5),
-                devices=devices,
-            )
+
+            def run(depths, lrs, k, form=form, key=key):
+                return sweep(
+                    family(form),
+                    form_factory(name, form),
+                    sizes=depths,
+                    lrs=lrs,
+                    data=data,
+                    steps=cfg["steps"],
+                    batch_size=cfg["batch_size"],
+                    seeds=list(range(k)),
+                    results=results_path,
+                    name=key,
+                    tag=tag,
+                    size_name="depth",
+                    progress=progress,
+                    schedule=schedule,
+                    eval_examples=eval_examples,
+                    val_curve=val_curve,
+                    chunks=cfg.get("chunks", 5),
+                    devices=devices,
+                ).runs
+
+            runs = run(cfg["depths"], grid, seeds)
+            more = [d for d in cfg["depths"] if d in extra_depths]
+            if more and extra_seeds > seeds:
+                runs += [r for r in run(more, grid, extra_seeds) if r["seed"] >= seeds]
+            for _ in range(cfg.get("extend_edges", 0)):
+                beyond = edge_extensions(runs, ratio)
+                if not beyond:
+                    break
+                for depth, lr in beyond:
+                    k = extra_seeds if depth in extra_depths else seeds
+                    runs += run([depth], [lr], max(k, seeds))
+            res = SweepResult(name=key, runs=runs, size_name="depth", path=results_path)
             results[key] = res
             both = res.summaries()
             summary[key], summary[f"{key}/val"] = both["train"], both["val"]
@@ -160,6 +200,21 @@ def run_sweeps(
                     flush=True,
                 )
     return results, summary
+
+
+def edge_extensions(runs, ratio: float) -> list[tuple[int, float]]:
+    """``[(depth, lr)]``: for each depth whose seed-averaged best train or validation loss is at the lowest
+    (highest) LR of its own grid, that LR divided (multiplied) by ``ratio``; none where every run diverged."""
+    out = set()
+    for metric in ("train_loss", "val_loss"):
+        s = summarize(runs, metric=metric, grid_ratio=ratio)
+        for depth in s["at_edge"]:
+            lrs = sorted({float(r["lr"]) for r in runs if r["size"] == depth})
+            best = s["best_lr_grid"][depth]
+            if not np.isfinite(best) or len(lrs) < 2:
+                continue
+            out.add((depth, lrs[0] / ratio if best == lrs[0] else lrs[-1] * ratio))
+    return sorted(out)
 
 
 def throughput(results, units_per_step: int) -> dict:
