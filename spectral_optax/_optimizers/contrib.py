@@ -150,11 +150,11 @@ def _scale_by_contrib_muon(
     mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
 
     def init_fn(params):
-        # The small arrays on the parameters' mesh (replicated), the layout the update returns them in.
+        # count and ns_coeffs go onto the whole tree's mesh in contrib_muon's init (this route may see none).
         return MuonState(
-            count=replicated_on_mesh_of(jnp.zeros([], jnp.int32), params),
+            count=jnp.zeros([], jnp.int32),
             mu=optax.tree.zeros_like(params, dtype=mu_dtype),
-            ns_coeffs=replicated_on_mesh_of(jnp.asarray(table, dtype=jnp.float32), params),
+            ns_coeffs=jnp.asarray(table, dtype=jnp.float32),
         )
 
     def orthogonalize(tree, dims_tree):
@@ -363,7 +363,7 @@ def contrib_muon(
         del params
         return jax.tree.map(jnp.zeros_like, updates), state
 
-    return optax.partition(
+    tx = optax.partition(
         {
             "muon": optax.chain(
                 _scale_by_contrib_muon(table, beta, eps, mu_dtype, nesterov, adaptive, preconditioning, muon_dims),
@@ -385,3 +385,17 @@ def contrib_muon(
         },
         labels,
     )
+
+    def init_fn(params):
+        # MuonState's count and coefficient table replicated on the mesh of the whole tree, the layout the
+        # update returns them in, also when the Muon route holds no leaf (optax.partition masks them all).
+        def place(s):
+            if not isinstance(s, MuonState):
+                return s
+            return s._replace(
+                count=replicated_on_mesh_of(s.count, params), ns_coeffs=replicated_on_mesh_of(s.ns_coeffs, params)
+            )
+
+        return jax.tree.map(place, tx.init(params), is_leaf=lambda s: isinstance(s, MuonState))
+
+    return optax.GradientTransformationExtraArgs(init_fn, tx.update)
