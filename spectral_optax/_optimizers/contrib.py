@@ -34,6 +34,7 @@ from optax.contrib import MuonDimensionNumbers, MuonState
 
 from spectral_optax._geometry import Geometry, GeometryMap, path_str
 from spectral_optax._mesh.layout import replicated_on_mesh_of
+from spectral_optax._transforms.momentum import debiased_momentum
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
 
 __all__ = ["CONTRIB_NS_COEFFS", "contrib_muon"]
@@ -187,14 +188,7 @@ def _scale_by_contrib_muon(
         del params
         mu = optax.tree.update_moment(updates, state.mu, beta, 1)
         count_inc = optax.safe_increment(state.count)
-        if nesterov:
-            mu_hat = jax.tree.map(
-                lambda m, g: beta * m + (1 - beta) * g,
-                optax.tree.bias_correction(mu, beta, optax.safe_increment(count_inc)),
-                optax.tree.bias_correction(updates, beta, count_inc),
-            )
-        else:
-            mu_hat = optax.tree.bias_correction(mu, beta, count_inc)
+        mu_hat = debiased_momentum(mu, updates, beta, count_inc, nesterov)
         new = orthogonalize(mu_hat, dims_fn(updates))
         if adaptive:  # the dual norm <mu_hat, O> of the step (Bernstein et al., 2024)
             new = jax.tree.map(lambda x, y: jnp.sum(x.conj() * y) * y, mu_hat, new)

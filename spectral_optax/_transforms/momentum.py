@@ -73,14 +73,7 @@ def ema_momentum(
         count = None
         if bias_correction:
             count = optax.safe_increment(state.count)
-            if nesterov:
-                out = jax.tree.map(
-                    lambda m, g: momentum * m + (1 - momentum) * g,
-                    optax.tree.bias_correction(mu, momentum, optax.safe_increment(count)),
-                    optax.tree.bias_correction(wide_g, momentum, count),
-                )
-            else:
-                out = optax.tree.bias_correction(mu, momentum, count)
+            out = debiased_momentum(mu, wide_g, momentum, count, nesterov)
         else:
             out = optax.tree.update_moment(wide_g, mu, momentum, 1) if nesterov else mu
         out = jax.tree.map(lambda o, g: o.astype(g.dtype), out, updates)
@@ -88,3 +81,16 @@ def ema_momentum(
         return out, EmaMomentumState(mu, count)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def debiased_momentum(mu, grads, momentum, count, nesterov: bool):
+    """The step of a bias-corrected EMA ``mu`` (already updated with ``grads``) at step ``count`` (1-based), as
+    ``optax.contrib.muon`` forms it: ``mu / (1 - momentum^t)``, or with Nesterov
+    ``momentum mu / (1 - momentum^(t+1)) + (1 - momentum) g / (1 - momentum^t)``."""
+    if not nesterov:
+        return optax.tree.bias_correction(mu, momentum, count)
+    return jax.tree.map(
+        lambda m, g: momentum * m + (1 - momentum) * g,
+        optax.tree.bias_correction(mu, momentum, optax.safe_increment(count)),
+        optax.tree.bias_correction(grads, momentum, count),
+    )
