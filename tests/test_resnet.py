@@ -45,10 +45,10 @@ def _conv_same(x, w, b, stride=1):
     return y + b
 
 
-def reference_resnet(p, x, alpha, num_blocks=K):
+def reference_resnet(p, x, alpha, num_blocks=K, stages=3):
     p = jax.tree_util.tree_map(_np, p)
     h = _conv_same(_np(x), p["conv_in"]["kernel"], p["conv_in"]["bias"])
-    for s in range(3):
+    for s in range(stages):
         if s:
             h = _conv_same(h, p[f"conv_down_{s}"]["kernel"], p[f"conv_down_{s}"]["bias"], stride=2)
         for k in range(num_blocks):
@@ -80,6 +80,19 @@ def test_linen_and_nnx_resnet_match_numpy_and_alpha_multiplies_every_block():
     pn = nnx.state(mn, nnx.Param).to_pure_dict()
     assert jax.tree_util.tree_map(jnp.shape, pn) == jax.tree_util.tree_map(jnp.shape, p)
     np.testing.assert_allclose(_np(mn(_x())), reference_resnet(pn, _x(), 0.3), rtol=1e-4, atol=1e-4)
+
+
+def test_four_stages_match_numpy_linen_and_nnx():
+    """The depth paper's block counts (4 stages of K: 8, 16, 32 blocks) in both APIs, against the reference."""
+    m = L.ResNet(C, 1, CLASSES, num_stages=4)
+    p = _randomize(_init(m))
+    assert "conv_down_3" in p and "stage_3_blocks_0" in p and p["head"]["kernel"].shape == (8 * C, CLASSES)
+    np.testing.assert_allclose(_np(m.apply({"params": p}, _x())), reference_resnet(p, _x(), 2.0, 1, 4),
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    mn = N.ResNet(1, C, 1, CLASSES, num_stages=4, rngs=nnx.Rngs(1))
+    pn = nnx.state(mn, nnx.Param).to_pure_dict()
+    assert jax.tree_util.tree_map(jnp.shape, pn) == jax.tree_util.tree_map(jnp.shape, p)
+    np.testing.assert_allclose(_np(mn(_x())), reference_resnet(pn, _x(), 2.0, 1, 4), rtol=1e-4, atol=1e-4)
 
 
 def test_conv_geometry_inferred_without_override():

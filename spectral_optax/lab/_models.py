@@ -385,6 +385,7 @@ def resnet_family(
     base_blocks: int = 2,
     init: str = "spectral",
     dtype: Any = None,
+    stages: int = 3,
 ) -> Callable[[int], Model]:
     """``size -> Model``: CIFAR-style ResNets (:class:`spectral_optax.nn.linen.ResNet`,
     K blocks per stage) on an image dataset (``(H, W, C)`` inputs, e.g.
@@ -403,6 +404,8 @@ def resnet_family(
         fan-in = window x in) or ``'standard'`` (Flax defaults).
       dtype: computation dtype (e.g. ``jnp.bfloat16``; ``None``: float32, as
         the parameters).
+      stages: stages of K blocks each (``ResNet``'s ``num_stages``; 4 with K = 2, 4, 8: the depth paper's
+        8, 16, 32 blocks).
     """
     from spectral_optax.nn.linen import ResNet
 
@@ -419,7 +422,14 @@ def resnet_family(
     def family(size: int) -> Model:
         w, d = (size, depth) if vary == "width" else (width, size)
         module = ResNet(
-            w, d, data.num_outputs, base_blocks=base_blocks, alpha=None if scaled else 1.0, dtype=dtype, **inits
+            w,
+            d,
+            data.num_outputs,
+            base_blocks=base_blocks,
+            alpha=None if scaled else 1.0,
+            dtype=dtype,
+            num_stages=stages,
+            **inits,
         )
         return Model.from_linen(module, example_x, "xent")
 

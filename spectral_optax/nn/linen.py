@@ -455,11 +455,13 @@ class ResNetBlock(nn.Module):
 class ResNet(_BranchAlpha, nn.Module):
     """CIFAR-style ResNet with inverse-depth branch scaling.
 
-    ``conv_in`` (3x3, ``features`` channels), then three stages of K basic
-    blocks (:class:`ResNetBlock`, ``h + alpha * f(h)``) at widths
-    ``features * (1, 2, 4)``; before stages 1 and 2 a stride-2 3x3
-    ``conv_down_{s}`` doubles the channels and halves the resolution (outside
-    the residual stacks, so only the blocks change with K). Then ``ln_final``,
+    ``conv_in`` (3x3, ``features`` channels), then ``num_stages`` (default
+    three) stages of K basic blocks (:class:`ResNetBlock`, ``h + alpha * f(h)``)
+    at widths ``features * 2**s`` (``(1, 2, 4)``); before every stage but the
+    first a stride-2 3x3 ``conv_down_{s}`` doubles the channels and halves the
+    resolution (outside the residual stacks, so only the blocks change with
+    K; four stages of K = 2, 4, 8 are the depth paper's 8, 16, 32 blocks, its
+    ResNet-18, -34, -66). Then ``ln_final``,
     ReLU, global average pooling and ``head``. ``alpha = base_blocks / K``
     (K = blocks per stage; ``(base_blocks / K) ** exponent`` with
     ``exponent``, default 1) unless ``alpha`` is given (``1.0``: unscaled);
@@ -484,6 +486,7 @@ class ResNet(_BranchAlpha, nn.Module):
     kernel_init: Initializer = default_kernel_init
     dtype: Any = None
     param_dtype: Any = jnp.float32
+    num_stages: int = 3
 
     @nn.compact
     def __call__(self, x):
@@ -492,7 +495,7 @@ class ResNet(_BranchAlpha, nn.Module):
         kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
         mult, out_scale = _multiplier_and_out_scale(self.branch_alpha, self.absorbed)
         h = nn.Conv(self.features, (3, 3), kernel_init=self.kernel_init, name="conv_in", **kw)(x)
-        for s in range(3):
+        for s in range(self.num_stages):
             width = self.features * 2**s
             if s:
                 h = nn.Conv(width, (3, 3), strides=(2, 2), kernel_init=self.kernel_init, name=f"conv_down_{s}", **kw)(h)

@@ -509,17 +509,18 @@ class ResNetBlock(nnx.Module):
 @_shares_args("base_blocks", "alpha", "exponent", "dtype", "param_dtype", "rngs")
 class ResNet(nnx.Module):
     """Twin of :class:`spectral_optax.nn.linen.ResNet` (same paths and function):
-    ``conv_in``, three stages of K :class:`ResNetBlock` at widths
-    ``features * (1, 2, 4)`` with stride-2 ``conv_down_{s}`` between them,
+    ``conv_in``, ``num_stages`` stages of K :class:`ResNetBlock` at widths
+    ``features * 2**s`` with stride-2 ``conv_down_{s}`` between them,
     ``ln_final``, global average pooling, ``head``.
 
     Args:
       in_channels: channels ``C`` of the input images ``(batch, H, W, C)``.
-      features: width of stage 0 (the stages: ``features * (1, 2, 4)``).
+      features: width of stage 0 (the stages: ``features * 2**s``).
       num_blocks: ``K``, blocks per stage.
       num_classes: head width.
       absorbed: unit multiplier; the init of every block's ``conv_1`` (kernel and bias) times ``alpha``.
       kernel_init: initializer of every kernel (the convolutions', ``head``).
+      num_stages: stages (default three, as the Linen twin).
     """
 
     def __init__(
@@ -537,14 +538,16 @@ class ResNet(nnx.Module):
         dtype: Any = None,
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
+        num_stages: int = 3,
     ):
         a = residual_alpha(num_blocks, base_blocks, alpha=alpha, exponent=exponent)
         self.branch_alpha = a
         self.num_blocks = num_blocks
+        self.num_stages = num_stages
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         mult, out_scale = _multiplier_and_out_scale(a, absorbed)
         self.conv_in = nnx.Conv(in_channels, features, (3, 3), kernel_init=kernel_init, **kw)
-        for s in range(3):
+        for s in range(num_stages):
             width = features * 2**s
             if s:
                 setattr(
@@ -558,14 +561,15 @@ class ResNet(nnx.Module):
                     f"stage_{s}_blocks_{k}",
                     ResNetBlock(width, multiplier=mult, out_scale=out_scale, kernel_init=kernel_init, **kw),
                 )
-        self.ln_final = nnx.LayerNorm(4 * features, **kw)
-        self.head = nnx.Linear(4 * features, num_classes, kernel_init=kernel_init, **kw)
+        last = features * 2 ** (num_stages - 1)
+        self.ln_final = nnx.LayerNorm(last, **kw)
+        self.head = nnx.Linear(last, num_classes, kernel_init=kernel_init, **kw)
 
     def __call__(self, x):
         if x.ndim != 4:
             raise ValueError(f"ResNet expects images (batch, H, W, C), got shape {x.shape}")
         h = self.conv_in(x)
-        for s in range(3):
+        for s in range(self.num_stages):
             if s:
                 h = getattr(self, f"conv_down_{s}")(h)
             for k in range(self.num_blocks):
