@@ -15,7 +15,7 @@ backend, so that CPU tests can reproduce accelerator-only failures.
 Hypothesis profiles: ``ci`` (default) runs a few derandomized examples per
 property, fast enough for every run; ``thorough`` (``pytest
 --hypothesis-profile=thorough tests/test_properties.py``) generates >= 10,000
-cases in all (the run reported in docs/reliability.md). Both use a fixed seed
+cases in all (its last run: docs/benchmarks.md). Both use a fixed seed
 (derandomize), so a failure reproduces. ``portability`` (``tools/portability.sh``,
 also a CI step) is ``ci`` with the examples drawn from ``--hypothesis-seed``
 instead, so a second run explores other inputs.
