@@ -234,8 +234,10 @@ def test_2d_tiled_split_groups_route_through_bounded_all_to_alls(layout):
     as 64 leaves or as four ``nn.scan`` stacks of 16 (``P(None, 'data', 'model')``, the layer axis a
     batch axis, on the same all-to-all route as the leaves). The all-to-all count is exact on any
     machine and asserted; the compile-time ratio to the ``distribute=False`` program is printed, not
-    asserted (a timing on a shared machine: ``benchmarks.pod_scale`` measures compile seconds; the
-    figures before and after each fix: docs/sharding.md, "2-D layouts", and the lab log)."""
+    asserted (a timing on a shared machine: ``benchmarks.pod_scale`` measures compile seconds; today's
+    figures: docs/benchmarks.md, "2-D meshes: FSDP x TP"; before and after each fix: docs/lab_log.md,
+    "2-D layouts: FSDP x TP at 256 and 1024 devices (measured 2026-12-04)"; the design:
+    docs/sharding.md, "2-D layouts: FSDP x TP")."""
     out = run_script(GUARD, devices=64, timeout=900, args=[layout])
     ratio, all_to_all = out.split("RESULT ")[1].split()
     print(f"compile-time ratio to distribute=False ({layout}): {float(ratio):.2f}")
