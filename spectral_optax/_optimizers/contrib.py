@@ -33,7 +33,7 @@ import optax
 from optax.contrib import MuonDimensionNumbers, MuonState
 
 from spectral_optax._geometry import Geometry, GeometryMap, path_str
-from spectral_optax._mesh.layout import replicated_on_mesh_of
+from spectral_optax._mesh.layout import keeping_layout, replicated_on_mesh_of
 from spectral_optax._transforms.momentum import debiased_momentum
 from spectral_optax._transforms.orthogonalize import orthogonalize_via_newton_schulz
 
@@ -392,4 +392,9 @@ def contrib_muon(
 
         return jax.tree.map(place, tx.init(params), is_leaf=lambda s: isinstance(s, MuonState))
 
-    return optax.GradientTransformationExtraArgs(init_fn, tx.update)
+    def update_fn(updates, state, params=None, **extra_args):
+        # On an Auto mesh the updates keep the gradients' layout, as every named optimizer's.
+        new_updates, new_state = tx.update(updates, state, params, **extra_args)
+        return keeping_layout(new_updates, updates), new_state
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
