@@ -11,7 +11,8 @@ API (all public, used by the benchmarks and reusable for any sweep)::
 
     data = lab.text(context=8)             # embedded pydoc text, next-byte task
     # also: lab.digits(), lab.digits_binary((3, 8)), lab.text(path),
-    #       lab.cifar(dir, num_classes=10|100), lab.load('text' | 'cifar10:DIR' ...)
+    #       lab.cifar(dir, num_classes=10|100), lab.load('text' | 'cifar10:DIR' ...),
+    #       lab.binary_pair('cifar10:DIR', (0, 1), num_train=200): two classes, +-1 targets
 
     family = lab.mlp_family(data, vary='width', depth=1, init='spectral')
     #   a family is any callable size -> lab.Model(init, apply, loss):
@@ -64,6 +65,7 @@ from spectral_optax.lab import depth as depth
 from spectral_optax.lab._data import (
     DataError,
     Dataset,
+    binary_pair,
     cifar,
     digits,
     digits_augmented,
@@ -97,6 +99,7 @@ from spectral_optax.lab._sweep import (
 __all__ = [
     "DataError",
     "Dataset",
+    "binary_pair",
     "cifar",
     "digits",
     "digits_augmented",
