@@ -79,7 +79,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import spectral_optax as so  # noqa: E402
-from benchmarks.sharded_speed import collective_bytes  # noqa: E402
+from spectral_optax.lab.cli import collective_bytes, write_json  # noqa: E402
 
 TREES = {  # d, blocks, MLP width, vocab, kind
     "gpt2xl": (1600, 48, 6400, 50304, "gpt2"),
@@ -393,8 +393,7 @@ def main(argv=None):
     if args.json:
         meta = {"jax": jax.__version__, "backend": jax.default_backend(), "argv": argv,
                 "date": time.strftime("%Y-%m-%d", time.gmtime())}  # fmt: skip
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_json(args.json, {"meta": meta, "rows": rows})
     return rows
 
 

@@ -47,7 +47,7 @@ import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 import spectral_optax as so
 from spectral_optax._duals.polar import newton_schulz_flops, MUON_QUINTIC
-from benchmarks.sharded_speed import compiled_costs
+from spectral_optax.lab.cli import compiled_costs
 
 mesh = jax.make_mesh((16,), ("data",))
 shapes = {f"layer{i}": {"kernel": (128, 128)} for i in range(6)}
@@ -121,7 +121,7 @@ import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 import spectral_optax as so
 from spectral_optax._duals.polar import MUON_QUINTIC
-from benchmarks.sharded_speed import collective_bytes
+from spectral_optax.lab.cli import collective_bytes
 from spectral_optax._distributed.plan import FLOPS_PER_BYTE_BY_KIND
 
 H100 = FLOPS_PER_BYTE_BY_KIND["h100"]  # the plan of an H100 pod (host CPU devices plan as a CPU cluster)
@@ -293,7 +293,7 @@ import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 import spectral_optax as so
 from spectral_optax._duals.polar import MUON_QUINTIC
-from benchmarks.sharded_speed import collective_bytes
+from spectral_optax.lab.cli import collective_bytes
 from spectral_optax._distributed.plan import FLOPS_PER_BYTE_BY_KIND
 
 H100 = FLOPS_PER_BYTE_BY_KIND["h100"]
@@ -529,7 +529,7 @@ def test_psum_symmetric_sums_symmetric_matrices_sending_their_upper_triangles():
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
 import spectral_optax as so
-from benchmarks.sharded_speed import collective_bytes
+from spectral_optax.lab.cli import collective_bytes
 
 mesh = jax.make_mesh((4,), ("d",))
 for s in (1, 2, 7, 16, 33):
@@ -614,7 +614,7 @@ import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 import spectral_optax as so
 from spectral_optax._duals.polar import MUON_QUINTIC
-from benchmarks.sharded_speed import collective_bytes
+from spectral_optax.lab.cli import collective_bytes
 
 L, E, D, F = 2, 16, 32, 64
 shapes = {"wi": (L, E, D, F), "wo": (L, E, F, D), "sin": (L, D, F), "sout": (L, F, D)}

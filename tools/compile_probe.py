@@ -10,7 +10,7 @@ import spectral_optax as so
 from benchmarks.pod_scale import tree_shapes, _costs, TREES
 TREES['tiny'] = (512, 16, 2048, 4096, 'llama')
 TREES['tiny7b'] = (512, 32, 1536, 4096, 'llama')
-from benchmarks.sharded_speed import collective_bytes
+from spectral_optax.lab.cli import collective_bytes
 import math
 shapes, geometry = tree_shapes(TREE, False)
 mesh = jax.make_mesh((N // TP, TP), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
