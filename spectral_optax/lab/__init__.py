@@ -43,6 +43,9 @@ API (all public, used by the benchmarks and reusable for any sweep)::
     lab.plot_sweeps({'mup_adamw': res, ...}, 'all.png')
     lab.regret(res.runs, lr, grid=lrs, size=1024)  # target loss at lr - best of its sweep
                                             # (nats, and grid steps from its best LR)
+    lab.quadratic_steps(loss, params, grads, update, lab.route_labels(params))
+    #   the step along the update, whole and per route (hidden, head, embedding, vector), that the
+    #   loss's quadratic model prefers: the drift diagnosis of benchmarks.gpt_width --diagnose
 
 All LRs x seeds of one size train in one compiled program (vmap over runs,
 scan over steps). Every finished run is appended to the JSONL results file;
@@ -87,6 +90,7 @@ from spectral_optax.lab._models import (
 from spectral_optax.lab._plots import plot_sweep, plot_sweeps, savefig
 from spectral_optax.lab._registry import EXPERIMENTS, OPTIMIZERS, Optimizer, optimizer
 from spectral_optax.lab._regret import REGRET_TOLERANCE, regret, transfer_verdict, widest_regret
+from spectral_optax.lab._routes import ROUTES, quadratic_steps, route_labels
 from spectral_optax.lab._summary import exponent_summaries, lr_grid, refine_minimum, spread_steps, summarize
 from spectral_optax.lab._sweep import (
     SweepResult,
@@ -122,6 +126,9 @@ __all__ = [
     "OPTIMIZERS",
     "Optimizer",
     "optimizer",
+    "ROUTES",
+    "route_labels",
+    "quadratic_steps",
     "SweepResult",
     "append_run",
     "load_runs",
