@@ -62,7 +62,7 @@ from spectral_optax import transfer as st
 from spectral_optax.lab import cli
 
 #: Per model: presets of the recipe (proxy and targets as (width, depth, steps, batch); LR-grid points (x2);
-#: seeds; ``controls``, see :func:`with_controls`), the single-rule studies, and the proxy's LR-grid centres.
+#: seeds; ``controls``, see ``lab.transfer_controls``), the single-rule studies, and the proxy's LR-grid centres.
 MODELS = {
     "mlp": {
         "presets": {
@@ -349,26 +349,6 @@ class Lab:
         return out
 
 
-CONTROL_SUFFIX = ", at the proxy's size"
-
-
-def with_controls(proxy, targets, mode):
-    """``targets`` with (``mode='add'``) or replaced by (``'only'``) their controls: per target whose width or
-    depth differs from the proxy's, the target's steps and batch at the proxy's width and depth. The
-    transferred LR is the same (width and depth are the parametrization's), so the control's regret is the
-    horizon and batch rules' alone, and the target's minus the control's is what the width and depth
-    transfer adds."""
-    if mode not in ("off", "add", "only"):
-        raise ValueError(f"controls must be 'off', 'add' or 'only', got {mode!r}")
-    if mode == "off":
-        return dict(targets)
-    out = {} if mode == "only" else dict(targets)
-    for label, t in targets.items():
-        if (t.width, t.depth) != (proxy.width, proxy.depth):
-            out[label + CONTROL_SUFFIX] = dataclasses.replace(t, width=proxy.width, depth=proxy.depth)
-    return out
-
-
 def first_examples(data, n):
     """``data`` with its training set cut to the first ``n`` examples (windows of the byte stream), so that
     a run of ``T`` steps at batch ``B`` sees ``T B / n`` epochs; the validation set is unchanged."""
@@ -474,7 +454,7 @@ def main(argv=None):
 
     if args.study == "recipe":
         proxy = L.scale(*cfg["proxy"])
-        targets = with_controls(
+        targets = lab.transfer_controls(
             proxy, {k: L.scale(*v) for k, v in cfg["targets"].items()}, args.controls or cfg.get("controls", "off")
         )
         variants = {"full recipe": None, "no horizon": {"horizon": None}, "no batch": {"batch": None}, "naive": []}

@@ -47,7 +47,7 @@ def test_recipe_mlp_and_gpt_account_and_regret(tmp_path, monkeypatch):
         preset = models[model]["presets"]["quick"]
         if model == "mlp":  # the control: the target's steps and batch at the proxy's width, the same LR
             ((label, t), (clabel, c)) = r["targets"].items()
-            assert clabel == label + recipe.CONTROL_SUFFIX
+            assert clabel == label + ", at the proxy's size"
             (w0, k0, _, _), (_, _, tt, bb) = preset["proxy"], preset["targets"][label]
             assert (c["scale"].width, c["scale"].depth, c["scale"].steps, c["scale"].batch_size) == (w0, k0, tt, bb)
             assert c["regret"]["full recipe"]["lr"] == pytest.approx(t["regret"]["full recipe"]["lr"], rel=1e-12)

@@ -89,7 +89,14 @@ from spectral_optax.lab._models import (
 )
 from spectral_optax.lab._plots import plot_sweep, plot_sweeps, savefig
 from spectral_optax.lab._registry import EXPERIMENTS, OPTIMIZERS, Optimizer, optimizer
-from spectral_optax.lab._regret import REGRET_TOLERANCE, regret, transfer_verdict, widest_regret
+from spectral_optax.lab._regret import (
+    CONTROL_SUFFIX,
+    REGRET_TOLERANCE,
+    regret,
+    transfer_controls,
+    transfer_verdict,
+    widest_regret,
+)
 from spectral_optax.lab._routes import ROUTES, quadratic_steps, route_labels
 from spectral_optax.lab._summary import exponent_summaries, lr_grid, refine_minimum, spread_steps, summarize
 from spectral_optax.lab._sweep import (
@@ -138,6 +145,8 @@ __all__ = [
     "REGRET_TOLERANCE",
     "widest_regret",
     "transfer_verdict",
+    "transfer_controls",
+    "CONTROL_SUFFIX",
     "spread_steps",
     "summarize",
     "exponent_summaries",
