@@ -61,11 +61,13 @@ best LR.
 The benchmarks' shared command line, JSON writer and environment record are
 :mod:`spectral_optax.lab.cli` (``from spectral_optax.lab import cli``); the depth studies on real
 architectures (forms, sweeps, figures, report) are :mod:`spectral_optax.lab.depth`; the tied-embedding study's
-model, Theta(1) constants and optimizers are :mod:`spectral_optax.lab.tied`.
+model, Theta(1) constants and optimizers are :mod:`spectral_optax.lab.tied`; the pod-scale trees and layouts
+are :mod:`spectral_optax.lab.pod`.
 """
 
 from spectral_optax.lab import cli as cli
 from spectral_optax.lab import depth as depth
+from spectral_optax.lab import pod as pod
 from spectral_optax.lab import tied as tied
 from spectral_optax.lab._data import (
     DataError,
