@@ -127,16 +127,16 @@ def main(argv=None):
         for form in ("unscaled", "scaled"):
             key = f"{name}/{form}"
             with numerics():  # traced and run at the chosen precision
-                res = _sweep(
+                res = lab.depth.depth_sweep(
                     family(data, cfg["width"], scaled=form == "scaled", dtype=model_dtype),
                     factory,
-                    cfg,
                     grid,
-                    data,
-                    seeds,
-                    results_path,
-                    key,
-                    devices,
+                    data=data,
+                    cfg=cfg,
+                    seeds=seeds,
+                    results_path=results_path,
+                    name=key,
+                    devices=devices,
                 )
             results[key] = res
             s = res.summary()
@@ -179,24 +179,6 @@ def main(argv=None):
     if _devices.is_writer():
         cli.write_json(args.json, payload)
     return payload
-
-
-def _sweep(make, factory, cfg, grid, data, seeds, results_path, key, devices=None):
-    return lab.sweep(
-        make,
-        factory,
-        sizes=cfg["depths"],
-        lrs=grid,
-        data=data,
-        steps=cfg["steps"],
-        batch_size=cfg["batch_size"],
-        seeds=list(range(seeds)),
-        results=results_path,
-        name=key,
-        size_name="depth",
-        progress=False,
-        devices=devices,
-    )
 
 
 def _figure(name, unscaled, scaled, path):

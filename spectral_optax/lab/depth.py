@@ -102,6 +102,29 @@ def config(args, presets) -> tuple[str, dict]:
     return preset, cfg
 
 
+def depth_sweep(make, factory, grid, *, data, cfg, seeds, results_path, name, progress=False, devices=None, **kw):
+    """One :func:`~spectral_optax.lab.sweep` over ``cfg['depths']`` (``size_name='depth'``): ``grid`` LRs, ``seeds``
+    seeds (a count), ``cfg['steps']`` steps of ``cfg['batch_size']``, recorded in ``results_path`` under ``name``;
+    ``kw``: the rest of ``lab.sweep``'s options (``schedule``, ``tag``, ``eval_examples``, ...), its defaults
+    otherwise."""
+    return sweep(
+        make,
+        factory,
+        sizes=cfg["depths"],
+        lrs=grid,
+        data=data,
+        steps=cfg["steps"],
+        batch_size=cfg["batch_size"],
+        seeds=list(range(seeds)),
+        results=results_path,
+        name=name,
+        size_name="depth",
+        progress=progress,
+        devices=devices,
+        **kw,
+    )
+
+
 def run_sweeps(
     *,
     family,
@@ -129,25 +152,22 @@ def run_sweeps(
         grid = optimizer(name).grid(experiment, cfg["num_lrs"])
         for form in cfg.get("forms", ("unscaled", "scaled")):
             key = f"{name}/{form}"
-            res = sweep(
+            res = depth_sweep(
                 family(form),
                 form_factory(name, form),
-                sizes=cfg["depths"],
-                lrs=grid,
+                grid,
                 data=data,
-                steps=cfg["steps"],
-                batch_size=cfg["batch_size"],
-                seeds=list(range(seeds)),
-                results=results_path,
+                cfg=cfg,
+                seeds=seeds,
+                results_path=results_path,
                 name=key,
-                tag=tag,
-                size_name="depth",
                 progress=progress,
+                devices=devices,
+                tag=tag,
                 schedule=schedule,
                 eval_examples=eval_examples,
                 val_curve=val_curve,
                 chunks=cfg.get("chunks", 5),
-                devices=devices,
             )
             results[key] = res
             both = res.summaries()
