@@ -35,6 +35,7 @@ the LR is transferred with it fixed. ``--constants`` fixes them by hand.
     python -m benchmarks.tied_transfer [--quick | --preset quick|default] [--json PATH] [--out DIR]
         [--models tied,untied] [--optimizers a,b] [--widths 32,128] [--steps N] [--seeds K] [--num-lrs N]
         [--readout-base-width C] [--centers name=lr,...] [--tune] [--constants muon:rb=4:emb=4,...]
+        [--batch-size B] [--context T] [--eval-examples N]
 
 Targets (issue 35): spread <= 0.5 grid steps, regret <= 0.01 nats, and the
 widest model's loss at its best LR no worse than ``adamw_sp``'s best.
@@ -217,6 +218,10 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the preset's)")
+    p.add_argument("--context", type=int, default=None, help="tokens per sequence (default: the preset's)")
+    p.add_argument(
+        "--eval-examples", type=int, default=None, help="validation sequences per run (default: the preset's)"
+    )
     p.add_argument(
         "--readout-base-width",
         type=float,
@@ -237,7 +242,7 @@ def main(argv=None):
     cfg = dict(PRESETS[preset])
     if args.widths:
         cfg["widths"] = [int(w) for w in args.widths.split(",")]
-    for k in ("num_lrs", "steps", "seeds", "batch_size"):
+    for k in ("num_lrs", "steps", "seeds", "batch_size", "context"):
         if getattr(args, k) is not None:
             cfg[k] = getattr(args, k)
     cfg["seeds"] = list(range(cfg["seeds"]))
@@ -257,7 +262,7 @@ def main(argv=None):
             out=args.out,
             tag="/quick" if preset == "quick" else "",
             progress=not args.no_progress,
-            eval_examples=EVAL_EXAMPLES[preset],
+            eval_examples=args.eval_examples or EVAL_EXAMPLES[preset],
             tune=args.tune,
             constants=study.parse_constants(args.constants),
             readout_base=args.readout_base_width,

@@ -33,32 +33,13 @@ def test_models_start_at_ln_vocab_and_the_tied_one_carries_the_multiplier():
 
 
 def _tiny_run(tmp_path, *flags):
-    """``python -m benchmarks.tied_transfer`` on the tied model at widths 16 and 32, two steps of batch 2, one seed
-    (the quick preset's context 32); returns its JSON."""
+    """``python -m benchmarks.tied_transfer`` on the tied model at widths 16 and 32, two steps of batch 2, context 8,
+    one seed, 16 validation sequences; returns its JSON."""
     from benchmarks import tied_transfer
 
     path = tmp_path / "tied.json"
-    tied_transfer.main(
-        [
-            "--quick",
-            "--models",
-            "tied",
-            "--widths",
-            "16,32",
-            "--steps",
-            "2",
-            "--seeds",
-            "1",
-            "--batch-size",
-            "2",
-            "--out",
-            str(tmp_path),
-            "--no-progress",
-            "--json",
-            str(path),
-            *flags,
-        ]
-    )
+    argv = "--quick --models tied --widths 16,32 --steps 2 --seeds 1 --batch-size 2 --context 8 --eval-examples 16"
+    tied_transfer.main([*argv.split(), "--out", str(tmp_path), "--no-progress", "--json", str(path), *flags])
     return json.loads(path.read_text())
 
 
