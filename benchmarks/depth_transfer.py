@@ -122,22 +122,14 @@ def main(argv=None):
     results_path = os.path.join(args.out, f"depth_transfer_{preset}{suffix}.jsonl")
     t0 = time.time()
     results, summary = {}, {}
+    sweep_args = dict(data=data, cfg=cfg, seeds=seeds, results_path=results_path, devices=devices)
     for name, (factory, center) in opts.items():
         grid = lab.lr_grid(center, cfg["num_lrs"])
         for form in ("unscaled", "scaled"):
             key = f"{name}/{form}"
+            make = family(data, cfg["width"], scaled=form == "scaled", dtype=model_dtype)
             with numerics():  # traced and run at the chosen precision
-                res = lab.depth.depth_sweep(
-                    family(data, cfg["width"], scaled=form == "scaled", dtype=model_dtype),
-                    factory,
-                    grid,
-                    data=data,
-                    cfg=cfg,
-                    seeds=seeds,
-                    results_path=results_path,
-                    name=key,
-                    devices=devices,
-                )
+                res = lab.depth.depth_sweep(make, factory, grid, name=key, **sweep_args)
             results[key] = res
             s = res.summary()
             summary[key] = s
@@ -149,7 +141,9 @@ def main(argv=None):
             )
         if _devices.is_writer():  # multi-host: process 0 writes figures and the JSON
             _figure(
-                name, results[f"{name}/unscaled"], results[f"{name}/scaled"],
+                name,
+                results[f"{name}/unscaled"],
+                results[f"{name}/scaled"],
                 os.path.join(args.out, f"depth_{name}.png"),
             )
 
