@@ -122,22 +122,14 @@ def main(argv=None):
     results_path = os.path.join(args.out, f"depth_transfer_{preset}{suffix}.jsonl")
     t0 = time.time()
     results, summary = {}, {}
+    sweep_args = dict(data=data, cfg=cfg, seeds=seeds, results_path=results_path, devices=devices)
     for name, (factory, center) in opts.items():
         grid = lab.lr_grid(center, cfg["num_lrs"])
         for form in ("unscaled", "scaled"):
             key = f"{name}/{form}"
+            make = family(data, cfg["width"], scaled=form == "scaled", dtype=model_dtype)
             with numerics():  # traced and run at the chosen precision
-                res = _sweep(
-                    family(data, cfg["width"], scaled=form == "scaled", dtype=model_dtype),
-                    factory,
-                    cfg,
-                    grid,
-                    data,
-                    seeds,
-                    results_path,
-                    key,
-                    devices,
-                )
+                res = lab.depth.depth_sweep(make, factory, grid, name=key, **sweep_args)
             results[key] = res
             s = res.summary()
             summary[key] = s
@@ -149,7 +141,9 @@ def main(argv=None):
             )
         if _devices.is_writer():  # multi-host: process 0 writes figures and the JSON
             _figure(
-                name, results[f"{name}/unscaled"], results[f"{name}/scaled"],
+                name,
+                results[f"{name}/unscaled"],
+                results[f"{name}/scaled"],
                 os.path.join(args.out, f"depth_{name}.png"),
             )
 
@@ -179,24 +173,6 @@ def main(argv=None):
     if _devices.is_writer():
         cli.write_json(args.json, payload)
     return payload
-
-
-def _sweep(make, factory, cfg, grid, data, seeds, results_path, key, devices=None):
-    return lab.sweep(
-        make,
-        factory,
-        sizes=cfg["depths"],
-        lrs=grid,
-        data=data,
-        steps=cfg["steps"],
-        batch_size=cfg["batch_size"],
-        seeds=list(range(seeds)),
-        results=results_path,
-        name=key,
-        size_name="depth",
-        progress=False,
-        devices=devices,
-    )
 
 
 def _figure(name, unscaled, scaled, path):

@@ -98,30 +98,6 @@ def train_width(n, x, y, steps, seeds, eta=ETA, log_every=100):
     return {k: np.asarray(v, float) for k, v in jax.device_get(out).items()}  # (seeds, 2, ...)
 
 
-def binary_pair(spec: str, classes: tuple[int, int], num_train: int, split_seed: int = 0):
-    """``(x, y)``: ``num_train`` balanced examples of two classes with +-1 targets.
-
-    ``spec``: ``'digits'`` (scikit-learn's bundled 8x8 digits, 64 inputs) or
-    ``'cifar10:DIR'`` (CIFAR-10 binary batches, 3072 inputs standardized per
-    channel by :func:`spectral_optax.lab.cifar`)."""
-    if spec == "digits":
-        data = lab.digits_binary(classes, num_train=num_train, split_seed=split_seed)
-        return data.train[0], data.train[1], data.name
-    data = lab.load(spec, flatten=True)
-    x, labels = data.train
-    a, b = classes
-    rng = np.random.default_rng(split_seed)
-    ia, ib = rng.permutation(np.flatnonzero(labels == a)), rng.permutation(np.flatnonzero(labels == b))
-    half = num_train // 2
-    if min(len(ia), len(ib)) < num_train - half or num_train < 2:
-        raise lab.DataError(
-            f"{spec}: classes {classes} have {len(ia)} and {len(ib)} training examples; "
-            f"num_train={num_train} needs {num_train - half} of each")
-    idx = rng.permutation(np.concatenate([ia[:half], ib[: num_train - half]]))
-    y = np.where(labels[idx] == a, -1.0, 1.0).astype(np.float32)
-    return x[idx].astype(np.float32), y, f"{data.name}_{a}v{b}"
-
-
 def plot(widths, table, curves, path, steps):
     import matplotlib
 
@@ -180,7 +156,8 @@ def main(argv=None):
     if max_w:
         widths = [w for w in widths if w <= max_w]
     classes = tuple(int(c) for c in (args.classes or ("3,8" if args.data == "digits" else "0,1")).split(","))
-    x, y, data_name = binary_pair(args.data, classes, args.num_train)
+    pair = lab.binary_pair(args.data, classes, num_train=args.num_train)
+    (x, y), data_name = pair.train, pair.name
     x, y = jnp.asarray(x), jnp.asarray(y)
     seeds = list(range(args.seeds))
     log_every = 100 if steps % 100 == 0 else 1

@@ -53,7 +53,6 @@ _devices.early_flags()  # --devices N: before JAX starts
 
 import numpy as np  # noqa: E402
 
-import spectral_optax as so  # noqa: E402
 from spectral_optax import lab  # noqa: E402
 from spectral_optax.lab.cli import environment, loglog_slope, parser, preset_with_overrides, write_json  # noqa: E402
 
@@ -211,61 +210,10 @@ def best_lr_figure(summary, names, widths, path, title, grids=None):
 # --------------------------------------------------------------------------
 # Item 3: where does a best LR drift with width? The quadratic model per route.
 # --------------------------------------------------------------------------
-ROUTES = ("hidden", "head", "embedding", "vector")
-
-
-def route_labels(params) -> list[str]:
-    """The route of every leaf of ``params`` (in ``jax.tree_util.tree_leaves`` order), from the inferred
-    geometry: ``'embedding'`` (token and position tables), ``'head'`` (the output matrix), ``'hidden'``
-    (every other matrix), ``'vector'`` (biases, norm scales)."""
-    import jax
-
-    leaves = so.GeometryMap().leaves(params)
-    shapes = [tuple(x.shape) for x in jax.tree_util.tree_leaves(params)]
-    if [g.shape for _, g in leaves] != shapes:
-        raise ValueError("route_labels: geometry leaves are not in tree_leaves order")
-    out = []
-    for _, g in leaves:
-        if g.kind == "embedding":
-            out.append("embedding")
-        elif g.kind == "matrix":
-            out.append("head" if g.role == "output" else "hidden")
-        else:
-            out.append("vector")
-    return out
-
-
-def quadratic_steps(loss, params, grads, direction, labels):
-    """Along the update direction ``u`` (a descent direction) and along its restriction ``u_r`` to each
-    route: the first-order decrease ``d = -g . u_r``, the curvature ``c = u_r^T H u_r`` (Hessian-vector
-    product, forward over reverse) and the step ``eta* = d / c`` that minimizes the quadratic model
-    ``L(theta + eta u_r) ~ L - eta d + eta^2 c / 2``."""
-    import jax
-    import jax.numpy as jnp
-
-    treedef = jax.tree_util.tree_structure(params)
-
-    def restrict(route):
-        leaves = jax.tree_util.tree_leaves(direction)
-        kept = [u if route is None or lab_ == route else jnp.zeros_like(u) for lab_, u in zip(labels, leaves)]
-        return jax.tree_util.tree_unflatten(treedef, kept)
-
-    def dot(a, b):
-        return sum(jnp.vdot(x, y) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
-
-    out = {}
-    for route in (None, *ROUTES):
-        u = restrict(route)
-        hu = jax.jvp(jax.grad(loss), (params,), (u,))[1]
-        d, c = -dot(grads, u), dot(u, hu)
-        out[route or "all"] = {"decrease": d, "curvature": c, "eta_star": d / c}
-    return out
-
-
 def route_drift(data, cfg, names, seeds, warm_steps, batch_size=32, warm_lrs=None, options=()):
     """For each optimizer, width and seed: train ``warm_steps`` at a constant LR (``warm_lrs[name]``,
     default half the grid center), then the quadratic-model step ``eta*`` of the optimizer's next update
-    direction, whole and per route (:func:`quadratic_steps`), on a fixed batch of ``batch_size`` training
+    direction, whole and per route (``lab.quadratic_steps``), on a fixed batch of ``batch_size`` training
     sequences; ``options``: :func:`optimizer_factory`'s ``muon_options, moga_options``. Returns
     ``{name: {route: {width: [eta* per seed]}}, ...}`` plus the curvature and decrease."""
     import jax
@@ -280,7 +228,7 @@ def route_drift(data, cfg, names, seeds, warm_steps, batch_size=32, warm_lrs=Non
         res = {"warm_lr": lr, "warm_steps": warm_steps, "eta_star": {}, "curvature": {}, "decrease": {}}
         for w in cfg["widths"]:
             model = family(w)
-            labels = route_labels(model.shapes())
+            labels = lab.route_labels(model.shapes())
 
             @jax.jit
             def train(params, key, model=model):
@@ -299,7 +247,7 @@ def route_drift(data, cfg, names, seeds, warm_steps, batch_size=32, warm_lrs=Non
                 loss = lambda p: model.loss(p, x, y)  # noqa: E731
                 g = jax.grad(loss)(params)
                 u, _ = tx.update(g, state, params)
-                return quadratic_steps(loss, params, g, u, labels)
+                return lab.quadratic_steps(loss, params, g, u, labels)
 
             for seed in seeds:
                 key = jax.random.key(1000 + seed)
@@ -312,7 +260,7 @@ def route_drift(data, cfg, names, seeds, warm_steps, batch_size=32, warm_lrs=Non
                     for field in ("eta_star", "curvature", "decrease"):
                         res[field].setdefault(route, {}).setdefault(w, []).append(float(v[field]))
             print(f"  {name} width {w}: eta* " + ", ".join(
-                f"{r} {np.mean(res['eta_star'][r][w]):.3g}" for r in ("all", *ROUTES)), flush=True)
+                f"{r} {np.mean(res['eta_star'][r][w]):.3g}" for r in ("all", *lab.ROUTES)), flush=True)
         widths = list(cfg["widths"])
         res["exponent"] = {}
         for route, by_w in res["eta_star"].items():
@@ -342,7 +290,7 @@ def drift_figure(drift, widths, path, title):
     fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names) + 0.4, 3.2), squeeze=False)
     for j, name in enumerate(names):
         ax = axes[0, j]
-        for k, route in enumerate(("all", *ROUTES)):
+        for k, route in enumerate(("all", *lab.ROUTES)):
             by_w = drift[name]["eta_star"].get(route)
             if not by_w:
                 continue

@@ -37,6 +37,7 @@ without decay (what decay gains at that horizon) and the fitted exponent
 
     python -m benchmarks.recipe [--quick] [--model mlp|gpt] [--study recipe|horizon|batch|wd]
         [--seeds K] [--optimizers a,b] [--controls off|add|only] [--json PATH] [--out DIR]
+        [--proxy W,K,T,B] [--target LABEL=W,K,T,B ...] [--multiples 4,16] [--num-lrs N] [--train-examples N]
 
 ``--controls`` (on in the default presets): beside each target wider or
 deeper than the proxy, the same horizon and batch at the proxy's width and
@@ -62,7 +63,7 @@ from spectral_optax import transfer as st
 from spectral_optax.lab import cli
 
 #: Per model: presets of the recipe (proxy and targets as (width, depth, steps, batch); LR-grid points (x2);
-#: seeds; ``controls``, see :func:`with_controls`), the single-rule studies, and the proxy's LR-grid centres.
+#: seeds; ``controls``, see ``lab.transfer_controls``), the single-rule studies, and the proxy's LR-grid centres.
 MODELS = {
     "mlp": {
         "presets": {
@@ -349,26 +350,6 @@ class Lab:
         return out
 
 
-CONTROL_SUFFIX = ", at the proxy's size"
-
-
-def with_controls(proxy, targets, mode):
-    """``targets`` with (``mode='add'``) or replaced by (``'only'``) their controls: per target whose width or
-    depth differs from the proxy's, the target's steps and batch at the proxy's width and depth. The
-    transferred LR is the same (width and depth are the parametrization's), so the control's regret is the
-    horizon and batch rules' alone, and the target's minus the control's is what the width and depth
-    transfer adds."""
-    if mode not in ("off", "add", "only"):
-        raise ValueError(f"controls must be 'off', 'add' or 'only', got {mode!r}")
-    if mode == "off":
-        return dict(targets)
-    out = {} if mode == "only" else dict(targets)
-    for label, t in targets.items():
-        if (t.width, t.depth) != (proxy.width, proxy.depth):
-            out[label + CONTROL_SUFFIX] = dataclasses.replace(t, width=proxy.width, depth=proxy.depth)
-    return out
-
-
 def first_examples(data, n):
     """``data`` with its training set cut to the first ``n`` examples (windows of the byte stream), so that
     a run of ``T`` steps at batch ``B`` sees ``T B / n`` epochs; the validation set is unchanged."""
@@ -449,6 +430,34 @@ def report_wd(name, res):
             )
 
 
+def _sizes(text: str) -> tuple[int, int, int, int]:
+    """``'W,K,T,B'`` -> ``(width, depth, steps, batch)``."""
+    sizes = tuple(int(v) for v in text.split(","))
+    if len(sizes) != 4:
+        raise SystemExit(f"want W,K,T,B (width, depth, steps, batch), got {text!r}")
+    return sizes  # type: ignore[return-value]
+
+
+def _size_overrides(args) -> dict:
+    """The preset's or study's entries that ``--proxy``, ``--target``, ``--multiples``, ``--num-lrs`` and
+    ``--train-examples`` replace."""
+    out: dict = {}
+    if args.proxy:
+        w, k, t, b = _sizes(args.proxy)
+        out.update(
+            {"proxy": (w, k, t, b)} if args.study == "recipe" else {"width": w, "depth": k, "steps": t, "batch": b}
+        )
+    if args.target:
+        out["targets"] = {label: _sizes(v) for label, _, v in (x.rpartition("=") for x in args.target)}
+    if args.multiples:
+        out["multiples"] = tuple(int(m) for m in args.multiples.split(","))
+    if args.num_lrs:
+        out["num_lrs"] = args.num_lrs
+    if args.train_examples:
+        out["train_examples"] = args.train_examples
+    return out
+
+
 def main(argv=None):
     p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", choices=sorted(MODELS))
@@ -464,17 +473,34 @@ def main(argv=None):
         "at the proxy's width and depth (the horizon and batch rules' regret alone); 'only': just those "
         "(default: the preset's)",
     )
+    p.add_argument(
+        "--proxy",
+        default=None,
+        metavar="W,K,T,B",
+        help="the proxy's width, depth, steps and batch (overrides the preset's or the study's)",
+    )
+    p.add_argument(
+        "--target",
+        action="append",
+        default=None,
+        metavar="LABEL=W,K,T,B",
+        help="recipe study: a target (repeat for more; replaces the preset's)",
+    )
+    p.add_argument("--multiples", default=None, help="studies: the targets' multiples of T0 or B0, e.g. 4,16")
+    p.add_argument("--num-lrs", type=int, default=None, help="LR-grid points (overrides the preset's)")
+    p.add_argument("--train-examples", type=int, default=None, help="--study wd: the proxy's training windows")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     preset = args.preset or ("quick" if args.quick else "default")
     spec = MODELS[args.model]
-    cfg = spec["studies"][args.study] if args.study != "recipe" else spec["presets"][preset]
+    cfg = dict(spec["studies"][args.study] if args.study != "recipe" else spec["presets"][preset])
+    cfg.update(_size_overrides(args))
     seeds = list(range(args.seeds or cfg["seeds"]))
     L = Lab(args, seeds, cfg["num_lrs"], cfg.get("train_examples"))
 
     if args.study == "recipe":
         proxy = L.scale(*cfg["proxy"])
-        targets = with_controls(
+        targets = lab.transfer_controls(
             proxy, {k: L.scale(*v) for k, v in cfg["targets"].items()}, args.controls or cfg.get("controls", "off")
         )
         variants = {"full recipe": None, "no horizon": {"horizon": None}, "no batch": {"batch": None}, "naive": []}

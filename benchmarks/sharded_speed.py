@@ -48,9 +48,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import spectral_optax as so  # noqa: E402
-
-# collective_bytes stays importable from here for benchmarks.pod_scale until it imports lab.cli itself
-from spectral_optax.lab.cli import collective_bytes, compiled_costs, environment, write_json  # noqa: E402, F401
+from spectral_optax.lab.cli import compiled_costs, environment, write_json  # noqa: E402
 
 
 # --------------------------------------------------------------------------

@@ -25,16 +25,17 @@ tables, norm scales and biases). ``--readout-base-width c``
 sets the tied multiplier to ``c / d`` (muP's ``output_mult``; default 1).
 
 ``--tune`` is muTransfer's procedure for the parametrization's Theta(1)
-constants (:data:`DEFAULT_CONSTANTS`: the read-out's ``c``, the tables' LR
+constants (``lab.tied.DEFAULT_CONSTANTS``: the read-out's ``c``, the tables' LR
 multiplier and init standard deviation, MOGA's ``base_factor``, its head rule
 and Adam-or-sign tables):
-every combination of :data:`TUNE_GRID` is swept at the proxy width only (its
+every combination of ``lab.tied.TUNE_GRID`` is swept at the proxy width only (its
 LR grid moved off an edge), the one with the lowest proxy loss is kept, and
 the LR is transferred with it fixed. ``--constants`` fixes them by hand.
 
     python -m benchmarks.tied_transfer [--quick | --preset quick|default] [--json PATH] [--out DIR]
         [--models tied,untied] [--optimizers a,b] [--widths 32,128] [--steps N] [--seeds K] [--num-lrs N]
         [--readout-base-width C] [--centers name=lr,...] [--tune] [--constants muon:rb=4:emb=4,...]
+        [--batch-size B] [--context T] [--eval-examples N]
 
 Targets (issue 35): spread <= 0.5 grid steps, regret <= 0.01 nats, and the
 widest model's loss at its best LR no worse than ``adamw_sp``'s best.
@@ -49,12 +50,10 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
-import optax
 
-import spectral_optax as so
 from spectral_optax import lab
 from spectral_optax.lab import cli
+from spectral_optax.lab import tied as study
 
 PRESETS = {
     # widths (the first is the proxy), LR-grid points, steps, seeds, context, batch size
@@ -64,144 +63,12 @@ PRESETS = {
 #: Validation examples per run (the targets use the train loss). The end-of-run evaluation is one vmapped
 #: program over every run of a width: 2048 sequences of 64 at width 256 ask for about 40 GB on CPU.
 EVAL_EXAMPLES = {"quick": 2048, "default": 256}
-#: The lab registry's optimizers this benchmark runs (their ``tied`` / ``untied`` LR-grid centres; those on the
-#: ``'standard'`` init run on the model's own Flax init).
-OPTIMIZERS = ("muon", "moga", "mup_adamw", "moga_adam_tables", "adamw_sp", "muon_own", "moga_own")
-DEFAULT_OPTIMIZERS = ("muon", "moga", "mup_adamw", "adamw_sp")
-
-
-#: The Theta(1) constants of a run (muTransfer tunes them at the proxy and keeps them at every width):
-#: ``rb``: the tied read-out's ``c`` (multiplier ``c / d``; microsoft/mup's ``output_mult``); ``emb``: the LR
-#: multiplier of the tables (route 'embedding': the tied table, the positions; muP's per-group multiplier,
-#: ``so.route_lr_scale``; for ``muon`` it equals ``adam_learning_rate = emb * lr`` on the tables);
-#: ``bf``: ``moga``'s ``base_factor`` (the hidden matrices' step over the tables' and vectors' sign steps);
-#: ``hb``: ``moga``'s head rule, 0 the published one, 1 ``head_base_width`` = the proxy's width; ``adam``:
-#: ``moga``'s tables, norm scales and biases by Adam (``rules=``, at the same LR) instead of sign steps;
-#: ``norm``: 1 puts the tables (the tied table, the positions) on their own dual map, every token's row to
-#: RMS 1 after momentum (``muon``'s ``embedding='normalize'``; for ``moga`` a ``rules=`` entry of
-#: ``so.scale_by_fan_out_rms``), the map that the lookup and the row-wise read-out share (docs/math.md,
-#: "Tied embeddings").
-#: ``es``: the tables' init standard deviation (``reinitialize``'s ``embedding_std``: the lookup's Theta(1)
-#: entry size).
-DEFAULT_CONSTANTS = {"rb": 1.0, "emb": 1.0, "bf": 25.0, "hb": 0.0, "adam": 0.0, "norm": 0.0, "es": 1.0}
-#: ``--tune``: the grid of constants tried at the proxy width per optimizer (every combination; ``rb`` only on
-#: the tied model). The LR grid is moved by two points while the proxy's best LR is on its edge.
-TUNE_GRID = {
-    "muon": {"rb": (1.0, 4.0), "emb": (1.0, 4.0), "es": (1.0, 0.25)},
-    "mup_adamw": {"rb": (1.0, 4.0, 16.0), "emb": (1.0, 4.0, 16.0, 64.0)},
-    "moga": {"rb": (1.0, 4.0, 16.0), "bf": (25.0, 5.0, 1.0), "adam": (0.0, 1.0), "hb": (1.0,), "emb": (1.0, 4.0)},
-}
-
-
-def constants_tag(consts) -> str:
-    """The resume-tag suffix of the constants that differ from :data:`DEFAULT_CONSTANTS`."""
-    return "".join(f"/{k}{consts[k]:g}" for k, v in DEFAULT_CONSTANTS.items() if consts.get(k, v) != v)
-
-
-def constants_for(name: str, readout_base: float, constants: dict | None) -> dict:
-    """The constants of ``name``: :data:`DEFAULT_CONSTANTS`, ``rb`` from ``--readout-base-width``, then
-    ``--constants`` (which wins over both)."""
-    return {**DEFAULT_CONSTANTS, "rb": float(readout_base), **(constants or {}).get(name, {})}
-
-
-def tune_grid(name: str, tied: bool) -> list[dict]:
-    """Every combination of :data:`TUNE_GRID` ``[name]`` (``rb`` dropped when untied, ``hb`` when tied)."""
-    combos = [dict(DEFAULT_CONSTANTS)]
-    for key, values in TUNE_GRID.get(name, {}).items():
-        if (key == "rb" and not tied) or (key == "hb" and tied):
-            continue
-        combos = [dict(c, **{key: float(v)}) for c in combos for v in values]
-    return combos
-
-
-def make_model(d: int, data, *, tied: bool, init: str, readout_base: float = 1.0, embedding_std: float = 1.0):
-    """``(lab.Model, geometry)`` of the decoder at width ``d``.
-
-    ``init='own'``: Flax's default init, the model as written. ``'spectral'``:
-    ``reinitialize`` from the traced geometry and, when tied, the read-out
-    multiplier ``readout_base / d`` around every apply (:func:`so.initializers.tied_readout`); the tables'
-    entries are ``N(0, embedding_std^2)``.
-    """
-    module = lab.Decoder(d, context=data.context, tied=tied)
-    x, _ = data.numpy_batch("train", [0])
-    own = lab.Model.from_linen(module, x, "xent")
-    geometry = so.GeometryMap.from_linen(module, jnp.asarray(x))
-    if init == "own":
-        return own, geometry
-    mult = so.initializers.tied_readout_multiplier(own.shapes(), geometry, base_width=readout_base) if tied else None
-    per_example = lab.loss_for("xent")
-
-    def init_fn(key):
-        k_own, k_new = jax.random.split(key)
-        return so.initializers.reinitialize(k_new, own.init(k_own), geometry, embedding_std=embedding_std)
-
-    def apply(params, x):
-        if mult is None:
-            return own.apply(params, x)
-        with so.initializers.tied_readout(mult):
-            return own.apply(params, x)
-
-    def loss(params, x, y):
-        return jnp.mean(per_example(apply(params, x), y))
-
-    return lab.Model(init_fn, apply, loss), geometry
-
-
-def optimizer_factory(name: str, geometry_at, base, consts=None, proxy_width=None):
-    """``(lr, width) -> optax.GradientTransformation``; ``geometry_at(width)`` is the traced map.
-
-    ``consts`` (:data:`DEFAULT_CONSTANTS` keys): ``emb`` multiplies the tables' updates
-    (``so.route_lr_scale``), ``bf`` / ``hb`` set ``moga``'s ``base_factor`` / ``head_base_width``."""
-    c = dict(DEFAULT_CONSTANTS, **(consts or {}))
-
-    def tables(opt_fn):
-        if c["emb"] == 1.0:
-            return opt_fn
-        return lambda lr, n: optax.chain(opt_fn(lr, n), so.route_lr_scale(embedding=c["emb"], geometry=geometry_at(n)))
-
-    opt = lab.optimizer(name)
-    if name in ("muon", "muon_own"):
-        route = "normalize" if c["norm"] else "adamw"
-        return tables(lambda lr, n: opt(lr, geometry=geometry_at(n), embedding=route))
-    if name in ("moga", "moga_adam_tables", "moga_own"):
-        head = None if not c["hb"] else float(proxy_width)
-        # moga_adam_tables, an ablation: Adam, not sign steps, on the tables and the norm scales / biases
-        adam = name == "moga_adam_tables" or c["adam"]
-
-        def rules(n):
-            out = {}
-            if c["norm"]:
-                normalize = optax.chain(optax.ema(0.95, debias=False), so.scale_by_fan_out_rms(geometry=geometry_at(n)))
-                out[r"(embedding|pos_embed)$"] = normalize
-            if adam:
-                out[r"(embedding|pos_embed|scale|bias)$"] = "adam"
-            return out or None
-
-        return tables(
-            lambda lr, n: opt(lr, geometry=geometry_at(n), rules=rules(n), base_factor=c["bf"], head_base_width=head)
-        )
-    if name == "mup_adamw":
-        return tables(lambda lr, n: opt(lr, base=base, geometry=geometry_at(n)))
-    if name == "adamw_sp":
-        return lambda lr, n: opt(lr)
-    raise ValueError(f"unknown optimizer {name!r}; have {sorted(OPTIMIZERS)}")
-
-
-def _center_for(name: str, model_name: str, consts, centers) -> float:
-    """The LR grid's center: ``--centers`` or the lab registry's for the model (``'tied'``, ``'untied'``),
-    for ``moga`` times about ``sqrt(25 / bf)`` (a power of 2: the grids of every ``bf`` share their points)."""
-    if centers and name in centers:
-        return centers[name]
-    center = lab.optimizer(name).center(model_name)
-    if name.startswith("moga"):
-        center *= 2.0 ** round(math.log2(math.sqrt(DEFAULT_CONSTANTS["bf"] / consts["bf"])))
-    return center
 
 
 def run(
     *,
     models=("tied", "untied"),
-    optimizers=DEFAULT_OPTIMIZERS,
+    optimizers=study.DEFAULT_OPTIMIZERS,
     widths,
     num_lrs,
     steps,
@@ -219,9 +86,9 @@ def run(
 ):
     """Sweep every (model, optimizer); returns ``{model: {'summary', 'regret', 'results', 'constants', 'tuning'}}``.
 
-    ``constants``: ``{optimizer: {key: value}}`` over :data:`DEFAULT_CONSTANTS` (``readout_base`` sets
-    every ``rb``). ``tune``: for the optimizers of :data:`TUNE_GRID`, first sweep the proxy width
-    (``widths[0]``) over every combination of constants (:func:`tune_grid`), keep the one with the lowest
+    ``constants``: ``{optimizer: {key: value}}`` over ``lab.tied.DEFAULT_CONSTANTS`` (``readout_base`` sets
+    every ``rb``). ``tune``: for the optimizers of ``lab.tied.TUNE_GRID``, first sweep the proxy width
+    (``widths[0]``) over every combination of constants (``lab.tied.tune_grid``), keep the one with the lowest
     proxy loss at its best LR, then sweep every width with it (the proxy's runs are reused).
     """
     data = lab.load("text", context=context, sequence=True)
@@ -233,7 +100,9 @@ def run(
 
         def built(d, init, rb, es=1.0, tied=tied, cache=cache):
             if (d, init, rb, es) not in cache:
-                cache[d, init, rb, es] = make_model(d, data, tied=tied, init=init, readout_base=rb, embedding_std=es)
+                cache[d, init, rb, es] = study.make_model(
+                    d, data, tied=tied, init=init, readout_base=rb, embedding_std=es
+                )
             return cache[d, init, rb, es]
 
         base = built(widths[0], "spectral", 1.0)[0].shapes()
@@ -242,7 +111,7 @@ def run(
             init = "own" if lab.optimizer(name).init == "standard" else "spectral"
             rb = consts["rb"] if (tied and init == "spectral") else 1.0
             es = consts["es"] if init == "spectral" else 1.0
-            factory = optimizer_factory(
+            factory = study.optimizer_factory(
                 name, lambda d: built(d, init, rb, es)[1], base, consts=consts, proxy_width=widths[0]
             )
             return lab.sweep(
@@ -256,7 +125,7 @@ def run(
                 seeds=seeds,
                 results=results_path,
                 name=name,
-                tag=f"{model_name}/ctx{context}{tag}" + (constants_tag(consts) if init == "spectral" else ""),
+                tag=f"{model_name}/ctx{context}{tag}" + (study.constants_tag(consts) if init == "spectral" else ""),
                 size_name="width",
                 eval_examples=eval_examples,
                 schedule="warmup_cosine",
@@ -277,12 +146,12 @@ def run(
 
         results, summaries, chosen, tuning, todo = {}, {}, {}, {}, []
         for name in optimizers:  # the proxy first, for every optimizer (cheap), then the wider widths
-            consts = constants_for(name, readout_base, constants)
-            center = _center_for(name, model_name, consts, centers)
-            if tune and name in TUNE_GRID:
+            consts = study.constants_for(name, readout_base, constants)
+            center = study.center_for(name, model_name, consts, centers)
+            if tune and name in study.TUNE_GRID:
                 rows = []
-                for combo in tune_grid(name, tied):
-                    res, c = proxy_sweep(name, combo, _center_for(name, model_name, combo, centers))
+                for combo in study.tune_grid(name, tied):
+                    res, c = proxy_sweep(name, combo, study.center_for(name, model_name, combo, centers))
                     s = res.summary()
                     rows.append(
                         {
@@ -294,7 +163,7 @@ def run(
                         }
                     )
                 best = min(rows, key=lambda r: r["loss"] if r["loss"] == r["loss"] else math.inf)
-                consts = {k: best[k] for k in DEFAULT_CONSTANTS}
+                consts = {k: best[k] for k in study.DEFAULT_CONSTANTS}
                 center, tuning[name] = best["center"], rows
             elif centers is None or name not in centers:
                 _, center = proxy_sweep(name, consts, center)
@@ -317,7 +186,7 @@ def print_report(report, widths) -> None:
         for name, rows in r.get("tuning", {}).items():
             print(f"\n{model_name} / {name}: constants tuned at width {widths[0]} (loss at the best LR)")
             for row in sorted(rows, key=lambda row: row["loss"]):
-                cs = " ".join(f"{k}={row[k]:g}" for k in DEFAULT_CONSTANTS)
+                cs = " ".join(f"{k}={row[k]:g}" for k in study.DEFAULT_CONSTANTS)
                 edge = "  (edge)" if row["at_edge"] else ""
                 print(f"  {cs}  best LR {row['best_lr']:.3g}  loss {row['loss']:.4f}{edge}")
         base_best = r["summary"].get("adamw_sp", {}).get("loss_at_best", {}).get(widths[-1])
@@ -334,40 +203,25 @@ def print_report(report, widths) -> None:
                 vs = f"  ({s['loss_at_best'][widths[-1]] - base_best:+.3f} vs adamw_sp at {widths[-1]})"
             edge = f"  edge: {sorted(s['at_edge'])}" if s["at_edge"] else ""
             print(f"  {name:10s} {lrs:>28s} {s['spread_steps']:7.2f} {reg:+8.4f}  {losses}{vs}{edge}")
-            cs = constants_tag(r.get("constants", {}).get(name, DEFAULT_CONSTANTS))
+            cs = study.constants_tag(r.get("constants", {}).get(name, study.DEFAULT_CONSTANTS))
             if cs and lab.optimizer(name).init == "spectral":
                 print(f"  {'':10s} constants {cs}")
-
-
-def parse_constants(text: str | None) -> dict:
-    """``'muon:rb=4:emb=0.25,moga:bf=5'`` -> ``{'muon': {'rb': 4.0, 'emb': 0.25}, 'moga': {'bf': 5.0}}``."""
-    out: dict = {}
-    for item in (text or "").split(","):
-        if not item:
-            continue
-        name, *pairs = item.split(":")
-        if name not in OPTIMIZERS:
-            raise SystemExit(f"--constants: unknown optimizer {name!r}; have {sorted(OPTIMIZERS)}")
-        for pair in pairs:
-            key, _, value = pair.partition("=")
-            if key not in DEFAULT_CONSTANTS or not value:
-                raise SystemExit(
-                    f"--constants: {pair!r} in {item!r}: want KEY=VALUE, KEY one of {list(DEFAULT_CONSTANTS)}"
-                )
-            out.setdefault(name, {})[key] = float(value)
-    return out
 
 
 def main(argv=None):
     p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="sizes (--quick = --preset quick)")
     p.add_argument("--models", default="tied,untied")
-    p.add_argument("--optimizers", default=",".join(DEFAULT_OPTIMIZERS), help=f"of {sorted(OPTIMIZERS)}")
+    p.add_argument("--optimizers", default=",".join(study.DEFAULT_OPTIMIZERS), help=f"of {sorted(study.OPTIMIZERS)}")
     p.add_argument("--widths", default=None)
     p.add_argument("--num-lrs", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the preset's)")
+    p.add_argument("--context", type=int, default=None, help="tokens per sequence (default: the preset's)")
+    p.add_argument(
+        "--eval-examples", type=int, default=None, help="validation sequences per run (default: the preset's)"
+    )
     p.add_argument(
         "--readout-base-width",
         type=float,
@@ -388,16 +242,16 @@ def main(argv=None):
     cfg = dict(PRESETS[preset])
     if args.widths:
         cfg["widths"] = [int(w) for w in args.widths.split(",")]
-    for k in ("num_lrs", "steps", "seeds", "batch_size"):
+    for k in ("num_lrs", "steps", "seeds", "batch_size", "context"):
         if getattr(args, k) is not None:
             cfg[k] = getattr(args, k)
     cfg["seeds"] = list(range(cfg["seeds"]))
     models = args.models.split(",")
     optimizers = args.optimizers.split(",")
-    unknown = [o for o in optimizers if o not in OPTIMIZERS] + [m for m in models if m not in ("tied", "untied")]
+    unknown = [o for o in optimizers if o not in study.OPTIMIZERS] + [m for m in models if m not in ("tied", "untied")]
     if unknown:
         raise SystemExit(
-            f"unknown optimizers or models {unknown}; optimizers: {sorted(OPTIMIZERS)}, models: tied,untied"
+            f"unknown optimizers or models {unknown}; optimizers: {sorted(study.OPTIMIZERS)}, models: tied,untied"
         )
     print(f"tied transfer ({preset}): {cfg}, models {models}, optimizers {optimizers}, backend {jax.default_backend()}")
     t0 = time.time()
@@ -408,9 +262,9 @@ def main(argv=None):
             out=args.out,
             tag="/quick" if preset == "quick" else "",
             progress=not args.no_progress,
-            eval_examples=EVAL_EXAMPLES[preset],
+            eval_examples=args.eval_examples or EVAL_EXAMPLES[preset],
             tune=args.tune,
-            constants=parse_constants(args.constants),
+            constants=study.parse_constants(args.constants),
             readout_base=args.readout_base_width,
             centers={k: float(v) for k, v in (kv.split("=") for kv in args.centers.split(","))}
             if args.centers

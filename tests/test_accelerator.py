@@ -1,7 +1,7 @@
 """The lab on accelerators, checked on a CPU: bfloat16 models, numerics and budgets by backend.
 
-The GPU/TPU-specific behaviour is reached through seams (the backend query of
-the benchmarks is patched), so these tests run, and can fail, on a CPU.
+The GPU/TPU-specific behaviour is reached through a seam (``lab.cli.on_accelerator``, the backend query of
+the benchmarks, is patched), so these tests run, and can fail, on a CPU.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import width_transfer
 from spectral_optax import lab
 from spectral_optax.lab import cli
 
@@ -60,44 +59,25 @@ def test_lab_numerics():
         cli.lab_numerics("float16")
 
 
-def test_width_transfer_budget_by_backend():
-    """On a CPU the quickstart runs Muon at every width of its preset (the CPU limit is the quick preset's widest)
-    and the default preset's wider models are skipped for Muon; on an accelerator nothing is skipped; the flag
-    wins everywhere."""
-    quick = width_transfer.settings("quick", accelerator=False)
-    assert quick["muon_max_width"] == max(quick["widths"])
-    default = width_transfer.settings("default", accelerator=False)
-    assert default["muon_max_width"] < max(default["widths"])
-    for preset in ("quick", "default", "gpu"):
-        assert width_transfer.settings(preset, accelerator=True)["muon_max_width"] is None
-    assert width_transfer.settings("default", accelerator=True, muon_max_width=128)["muon_max_width"] == 128
-
-
 @pytest.mark.slow
-def test_width_transfer_skips_nothing_on_an_accelerator(tmp_path, monkeypatch):
-    # On a CPU the quick preset stops Muon at width 256 (settings above).
-    monkeypatch.setattr(cli, "on_accelerator", lambda: True)
+@pytest.mark.parametrize(
+    "accelerator, widths, flag, skipped",
+    [
+        (True, "8,520", [], {}),  # on an accelerator nothing is skipped
+        (False, "8,520", [], {"muon": [520]}),  # on a CPU Muon stops at 512 (the quick preset's widest)
+        (True, "8,16", ["--muon-max-width", "8"], {"muon": [16]}),  # the flag wins everywhere
+    ],
+    ids=["accelerator", "cpu", "flag"],
+)
+def test_width_transfer_muon_budget_by_backend(tmp_path, monkeypatch, accelerator, widths, flag, skipped):
+    """The quickstart's Muon budget as its JSON reports it (``skipped_widths``, the widths Muon was trained at)."""
+    from benchmarks import width_transfer
+
+    monkeypatch.setattr(cli, "on_accelerator", lambda: accelerator)
     out = tmp_path / "w.json"
-    width_transfer.main(
-        [
-            "--quick",
-            "--widths",
-            "8,260",
-            "--steps",
-            "2",
-            "--num-lrs",
-            "2",
-            "--optimizers",
-            "muon",
-            "--data",
-            "digits",
-            "--out",
-            str(tmp_path),
-            "--no-progress",
-            "--json",
-            str(out),
-        ]
-    )
+    argv = ["--quick", "--widths", widths, "--steps", "2", "--num-lrs", "2", "--seeds", "1", "--optimizers", "muon"]
+    width_transfer.main(argv + flag + ["--data", "digits", "--out", str(tmp_path), "--no-progress", "--json", str(out)])
     payload = json.loads(out.read_text())
-    assert payload["skipped_widths"] == {} and payload["dtype"] == "float32"
-    assert sorted(int(w) for w in payload["summary"]["muon"]["best_lr"]) == [8, 260]
+    assert payload["skipped_widths"] == skipped and payload["dtype"] == "float32"
+    trained = [int(w) for w in widths.split(",") if int(w) not in skipped.get("muon", [])]
+    assert sorted(int(w) for w in payload["summary"]["muon"]["best_lr"]) == trained

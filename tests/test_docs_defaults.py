@@ -6,7 +6,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
-from spectral_optax._duals.polar import auto_schedule
+import spectral_optax as so
 
 _SPEC = importlib.util.spec_from_file_location(
     "docs_tables", Path(__file__).resolve().parents[1] / "tools" / "docs_tables.py"
@@ -43,7 +43,7 @@ def test_guide_table_states_auto_schedule_at_aspects_1_and_4(dtype):
     rows = {line.split("|")[1].strip(): line for line in _docs_table().splitlines()[2:]}
     assert dtype in rows, f"docs/guide.md's auto_schedule table has no {dtype} row: {_FIX}"
     cells = [c.strip() for c in rows[dtype].strip().strip("|").split("|")[1:]]
-    want = [f"`{auto_schedule(m, m * aspect, getattr(jnp, dtype))!r}`" for m, aspect in ((768, 1), (768, 4))]
+    want = [f"`{so.expert.auto_schedule(m, m * aspect, getattr(jnp, dtype))!r}`" for m, aspect in ((768, 1), (768, 4))]
     assert cells == want, f"docs/guide.md states {cells} for {dtype}, auto_schedule chooses {want}: {_FIX}"
 
 
@@ -52,7 +52,7 @@ def test_the_gram_space_threshold_the_docs_state_is_the_codes():
     starts to pick the Gram-space iteration in float32, and math.md's formula gives it."""
     import inspect
 
-    from spectral_optax._duals.polar import newton_schulz_method
+    newton_schulz_method = so.expert.newton_schulz_method
 
     m = 1000
     n = next(n for n in range(m, 4 * m) if newton_schulz_method(m, n, 5, jnp.float32) == "gram")
@@ -60,7 +60,7 @@ def test_the_gram_space_threshold_the_docs_state_is_the_codes():
     k = 5
     assert round((6.5 * k - 6) / (3 * k - 4), 2) == 2.41
     root = Path(__file__).resolve().parents[1]
-    from spectral_optax._duals.polar import auto_schedule as fn
+    fn = so.expert.auto_schedule
 
     for name, text in (
         ("docs/guide.md", (root / "docs" / "guide.md").read_text()),

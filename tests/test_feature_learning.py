@@ -1,4 +1,5 @@
-"""benchmarks.feature_learning: the CIFAR-10 pair from a local directory (synthetic binary files)."""
+"""The feature-learning task's data (``lab.binary_pair``: the CIFAR-10 pair from a local directory, synthetic binary
+files) and ``benchmarks.feature_learning``'s command line on it."""
 
 import json
 
@@ -22,15 +23,23 @@ def write_cifar10(directory, per_file=6):
 
 
 def test_binary_pair_reads_the_cifar_pair(tmp_path):
-    from benchmarks import feature_learning as fl
+    from spectral_optax import lab
 
     write_cifar10(tmp_path)
-    x, y, name = fl.binary_pair(f"cifar10:{tmp_path}", (0, 1), num_train=8)
-    assert x.shape == (8, 3072) and name == "cifar10_0v1"
+    pair = lab.binary_pair(f"cifar10:{tmp_path}", (0, 1), num_train=8)
+    (x, y), (xv, yv) = pair.train, pair.val
+    assert x.shape == (8, 3072) and pair.name == "cifar10_0v1" and pair.kind == "regression"
+    assert (pair.num_train, pair.num_val, pair.num_outputs, pair.input_shape) == (8, 4, 1, (3072,))
     assert sorted(y.tolist()) == [-1.0] * 4 + [1.0] * 4  # balanced, airplane -> -1, automobile -> +1
     np.testing.assert_array_equal(np.sign(x.mean(1)), y)  # each example is from its class
+    # the validation set: every test-batch image of the two classes (labels 0, 1, 2 cycle over its 6 records)
+    assert sorted(yv.tolist()) == [-1.0] * 2 + [1.0] * 2
+    np.testing.assert_array_equal(np.sign(xv.mean(1)), yv)
+    # a different split seed draws different examples, the same balance
+    other = lab.binary_pair(f"cifar10:{tmp_path}", (0, 1), num_train=8, split_seed=1)
+    assert sorted(other.train[1].tolist()) == sorted(y.tolist())
     with pytest.raises(ValueError, match="num_train=40"):
-        fl.binary_pair(f"cifar10:{tmp_path}", (0, 1), num_train=40)
+        lab.binary_pair(f"cifar10:{tmp_path}", (0, 1), num_train=40)
 
 
 @pytest.mark.slow
@@ -41,8 +50,24 @@ def test_feature_learning_runs_on_cifar_dir(tmp_path):
     data.mkdir()
     write_cifar10(data)
     path = tmp_path / "fl.json"
-    fl.main(["--data", f"cifar10:{data}", "--num-train", "8", "--steps", "5", "--widths", "64,128",
-             "--seeds", "2", "--json", str(path), "--out", str(tmp_path)])
+    fl.main(
+        [
+            "--data",
+            f"cifar10:{data}",
+            "--num-train",
+            "8",
+            "--steps",
+            "5",
+            "--widths",
+            "64,128",
+            "--seeds",
+            "2",
+            "--json",
+            str(path),
+            "--out",
+            str(tmp_path),
+        ]
+    )
     res = json.loads(path.read_text())
     assert res["d0"] == 3072 and res["data"] == "cifar10_0v1" and res["seeds"] == 2
     for p in ("muP", "NTP"):

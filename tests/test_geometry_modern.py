@@ -395,7 +395,7 @@ def test_moe_pod_plan_at_64_devices_compile_only():
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 import spectral_optax as so
-from benchmarks.sharded_speed import collective_bytes
+from spectral_optax.lab.cli import collective_bytes
 from tests._modern_fixtures import MoELM
 
 L, E, D, F = 2, 64, 128, 256

@@ -1,10 +1,7 @@
-"""benchmarks.gpt_width: the analysis and reporting machinery on synthetic sweeps (seconds), and one
-tiny end-to-end run (slow: schema, resume, figures).
-
-The synthetic runs have a known answer: each seed's loss is an exact parabola in log2(LR) with its
-minimum at ``c_seed * width ** s_seed`` (a grid point), so the refined best LR, the fitted exponent of
-every seed and of the seed average, and the spread are computed here in float64 from those choices.
-"""
+"""benchmarks.gpt_width through its command line (tiny end-to-end runs, slow: schema, the widest verdict and
+the tables read against the JSON's own summary, resume, figures, the ablation flags recorded) and the lab
+functions it is built from: the drift diagnosis's quadratic steps and route labels (``lab.quadratic_steps``,
+``lab.route_labels``) and the registry's Muon / MOGA options its flags pass (``lab.optimizer``)."""
 
 from __future__ import annotations
 
@@ -12,46 +9,67 @@ import json
 
 import numpy as np
 import pytest
-from test_lab_summary import WIDTHS, _runs
 
-from benchmarks import gpt_width
 from spectral_optax import lab
 
 
-def test_widest_verdict_and_table():
-    runs = _runs([0.0, 0.0])
-    summary = {}
-    for name, shift in (("muon", 0.1), ("adamw_sp", 0.0)):
-        shifted = [dict(r, train_loss=r["train_loss"] + shift, val_loss=r["val_loss"] - shift) for r in runs]
-        both = lab.exponent_summaries(shifted, list(WIDTHS))
-        summary[name], summary[name + "/val"] = both["train"], both["val"]
-    v = gpt_width.widest_verdict(summary, ["muon", "adamw_sp"], 256)
-    assert v["train"]["loss_at_best"]["muon"] == pytest.approx(3.1)
-    assert v["train"]["mup_family_le_sp"] is False  # 3.1 > 3.0
-    assert v["val"]["mup_family_le_sp"] is True  # 3.1 < 3.2
-    t = gpt_width.table(summary, ["muon", "adamw_sp"], list(WIDTHS))
-    assert "| muon | 0.00781 | 0.00781 | 0.00781 | 0.00781 | 0.00 | +0.00 [+0.00, +0.00] | 3.100 |" in t
+def test_unknown_optimizer_is_refused_by_name():
+    from benchmarks import gpt_width
 
-
-def test_configure_presets_overrides_and_unknown_optimizer():
-    preset, cfg = gpt_width.configure(gpt_width.build_parser().parse_args(["--quick", "--widths", "16,32",
-                                                                          "--seeds", "3"]))
-    assert preset == "quick" and cfg["widths"] == (16, 32) and cfg["seeds"] == 3
-    _, cfg = gpt_width.configure(gpt_width.build_parser().parse_args(["--optimizers", "all"]))
-    assert cfg["optimizers"] == gpt_width.OPTIMIZERS and cfg["widths"] == gpt_width.PRESETS["cpu"]["widths"]
     with pytest.raises(SystemExit, match="lion"):
-        gpt_width.configure(gpt_width.build_parser().parse_args(["--optimizers", "muon,lion"]))
+        gpt_width.main(["--optimizers", "muon,lion"])
+
+
+def _row(name, s, widths):
+    """The table row of ``name`` written from the JSON summary ``s`` (keys are strings there)."""
+    cells = [f"{s['best_lr'][str(w)]:.3g}" + ("*" if w in s["at_edge"] else "") for w in widths]
+    lo, hi = s["exponent_interval"]
+    return (
+        f"| {name} | " + " | ".join(cells) + f" | {s['spread_steps']:.2f} | {s['exponent']:+.2f} "
+        f"[{lo:+.2f}, {hi:+.2f}] | {s['loss_at_best'][str(widths[-1])]:.3f} |"
+    )
 
 
 @pytest.mark.slow
 def test_end_to_end_schema_resume_and_figures(tmp_path, capsys):
     path = tmp_path / "out.json"
-    argv = ["--quick", "--widths", "16,32", "--steps", "2", "--num-lrs", "2", "--seeds", "2",
-            "--optimizers", "mup_adamw,adamw_sp", "--batch-size", "2", "--context", "8",
-            "--json", str(path), "--out", str(tmp_path), "--no-progress"]
+    argv = [
+        "--quick",
+        "--widths",
+        "16,32",
+        "--steps",
+        "2",
+        "--num-lrs",
+        "2",
+        "--seeds",
+        "2",
+        "--optimizers",
+        "mup_adamw,adamw_sp",
+        "--batch-size",
+        "2",
+        "--context",
+        "8",
+        "--json",
+        str(path),
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    ]
+    from benchmarks import gpt_width
+
     gpt_width.main(argv)
     assert "--quick is a smoke run" in capsys.readouterr().out  # item 5: it says so and names the preset
     res = json.loads(path.read_text())
+    cfg = res["config"]  # the preset's sizes with the flags' overrides
+    assert (cfg["widths"], cfg["seeds"], cfg["steps"], cfg["num_lrs"], cfg["context"], cfg["batch_size"]) == (
+        [16, 32],
+        2,
+        2,
+        2,
+        8,
+        2,
+    )
+    assert cfg["optimizers"] == ["mup_adamw", "adamw_sp"] and cfg["depth"] == 2  # the quick preset's depth
     assert len(res["runs"]) == 2 * 2 * 2 * 2  # optimizers x widths x LRs x seeds
     assert all(np.isfinite(r["train_loss"]) and np.isfinite(r["val_loss"]) for r in res["runs"])
     for key in ("mup_adamw", "mup_adamw/val", "adamw_sp", "adamw_sp/val"):
@@ -59,6 +77,12 @@ def test_end_to_end_schema_resume_and_figures(tmp_path, capsys):
         assert sorted(int(w) for w in s["best_lr"]) == [16, 32]
         assert set(s["exponent_per_seed"]) == {"0", "1"} and len(s["exponent_interval"]) == 2
     assert res["widest"]["width"] == 32
+    for what, suffix in (("train", ""), ("val", "/val")):  # the verdict and the tables from the JSON's summary
+        losses = {n: res["summary"][n + suffix]["loss_at_best"]["32"] for n in ("mup_adamw", "adamw_sp")}
+        assert res["widest"][what]["loss_at_best"] == losses
+        assert res["widest"][what]["mup_family_le_sp"] is (losses["mup_adamw"] <= losses["adamw_sp"])
+        for n in ("mup_adamw", "adamw_sp"):
+            assert _row(n, res["summary"][n + suffix], [16, 32]) in res["tables"][what].splitlines()
     for fig in res["figures"]:
         with open(fig, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -91,10 +115,13 @@ def test_quadratic_steps_exact_on_a_quadratic(highest_precision):
     tj = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), theta)
     uj = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), u)
     g = jax.grad(loss)(tj)
-    out = gpt_width.quadratic_steps(loss, tj, g, uj, ["hidden", "vector"])
+    out = lab.quadratic_steps(loss, tj, g, uj, ["hidden", "vector"])
     g64 = a @ flat(theta) - b
-    for route, mask in (("all", np.ones(7)), ("hidden", np.r_[np.ones(4), np.zeros(3)]),
-                        ("vector", np.r_[np.zeros(4), np.ones(3)])):
+    for route, mask in (
+        ("all", np.ones(7)),
+        ("hidden", np.r_[np.ones(4), np.zeros(3)]),
+        ("vector", np.r_[np.zeros(4), np.ones(3)]),
+    ):
         ur = flat(u) * mask
         assert float(out[route]["decrease"]) == pytest.approx(-g64 @ ur, rel=1e-4)
         assert float(out[route]["curvature"]) == pytest.approx(ur @ a @ ur, rel=1e-4)
@@ -107,9 +134,10 @@ def test_route_labels_of_the_gpt():
     shapes = lab.gpt_family(data, vary="width", depth=2)(32).shapes()
     import jax
 
-    paths = ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in
-             jax.tree_util.tree_flatten_with_path(shapes)[0]]
-    routes = dict(zip(paths, gpt_width.route_labels(shapes)))
+    paths = [
+        "/".join(str(getattr(k, "key", k)) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(shapes)[0]
+    ]
+    routes = dict(zip(paths, lab.route_labels(shapes)))
     assert routes["head/kernel"] == "head" and routes["head/bias"] == "vector"
     assert routes["embed/embedding"] == routes["pos_embed/embedding"] == "embedding"
     assert routes["blocks/attn/qkv/kernel"] == routes["blocks/mlp/dense_1/kernel"] == "hidden"
@@ -118,11 +146,41 @@ def test_route_labels_of_the_gpt():
 
 @pytest.mark.slow
 def test_diagnose_end_to_end(tmp_path):
+    from benchmarks import gpt_width
+
     path = tmp_path / "drift.json"
-    gpt_width.main(["--quick", "--diagnose", "--widths", "16,32", "--seeds", "2", "--warm-steps", "2",
-                    "--batch-size", "2", "--context", "8", "--optimizers", "muon", "--json", str(path),
-                    "--out", str(tmp_path)])
+    gpt_width.main(
+        [
+            "--quick",
+            "--diagnose",
+            "--widths",
+            "16,32",
+            "--seeds",
+            "2",
+            "--warm-steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--context",
+            "8",
+            "--optimizers",
+            "muon",
+            "--json",
+            str(path),
+            "--out",
+            str(tmp_path),
+            "--muon-adam-lr",
+            "0.01",
+            "--muon-head",
+            "adamw",
+            "--moga-head-base",
+            "2",
+        ]
+    )
     res = json.loads(path.read_text())
+    # the ablation flags, as the registry's keyword arguments (their effect: the two tests below)
+    assert res["config"]["muon_options"] == {"adam_learning_rate": 0.01, "output": "adamw"}
+    assert res["config"]["moga_options"] == {"head_base_width": 2.0}
     muon = res["drift"]["muon"]
     for route in ("all", "hidden", "head", "embedding", "vector"):
         assert set(muon["eta_star"][route]) == {"16", "32"}
@@ -135,47 +193,52 @@ def test_diagnose_end_to_end(tmp_path):
 
 
 def test_muon_ablation_options_reach_the_routes():
-    """``--muon-adam-lr`` / ``--muon-head adamw``: the head and the embeddings take AdamW's first step
+    """``--muon-adam-lr`` / ``--muon-head adamw`` (``lab.optimizer('muon')``'s options): the head and the embeddings take AdamW's first step
     (each entry -lr * sign(g), bias-corrected) at the fixed LR, the hidden matrix Muon's."""
     import jax.numpy as jnp
 
     rng = np.random.default_rng(0)
-    params = {"embed": {"embedding": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)},
-              "Dense_0": {"kernel": jnp.asarray(rng.standard_normal((8, 8)), jnp.float32)},
-              "head": {"kernel": jnp.asarray(rng.standard_normal((8, 16)), jnp.float32)}}
-    grads = {k: {n: jnp.asarray(rng.standard_normal(v.shape), jnp.float32) for n, v in d.items()}
-             for k, d in params.items()}
-    tx = gpt_width.optimizer_factory("muon", None, {"adam_learning_rate": 0.01, "output": "adamw"})(0.5)
+    params = {
+        "embed": {"embedding": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)},
+        "Dense_0": {"kernel": jnp.asarray(rng.standard_normal((8, 8)), jnp.float32)},
+        "head": {"kernel": jnp.asarray(rng.standard_normal((8, 16)), jnp.float32)},
+    }
+    grads = {
+        k: {n: jnp.asarray(rng.standard_normal(v.shape), jnp.float32) for n, v in d.items()} for k, d in params.items()
+    }
+    tx = lab.optimizer("muon")(0.5, adam_learning_rate=0.01, output="adamw")
     u, _ = tx.update(grads, tx.init(params), params)
     for path in (("head", "kernel"), ("embed", "embedding")):
-        np.testing.assert_allclose(np.asarray(u[path[0]][path[1]]), -0.01 * np.sign(grads[path[0]][path[1]]),
-                                   rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(u[path[0]][path[1]]), -0.01 * np.sign(grads[path[0]][path[1]]), rtol=1e-4)
     # The hidden matrix: Muon at lr 0.5 (an orthogonalized step, singular values near 0.5, not AdamW's).
     s = np.linalg.svd(np.asarray(u["Dense_0"]["kernel"], np.float64), compute_uv=False)
     assert 0.5 * 0.6 < s.min() and s.max() < 0.5 * 1.25
-    plain = gpt_width.optimizer_factory("muon")(0.5)
+    plain = lab.optimizer("muon")(0.5)
     u0, _ = plain.update(grads, plain.init(params), params)
     assert not np.allclose(np.asarray(u0["head"]["kernel"]), np.asarray(u["head"]["kernel"]))
 
 
 def test_moga_head_base_option_reaches_the_head():
-    """``--moga-head-base W``: MOGA's head fan-in vectors get l2 norm sqrt(W / d_in) (EMA momentum 0.95 of
+    """``--moga-head-base W`` (``lab.optimizer('moga')``'s ``head_base_width``): MOGA's head fan-in vectors get l2 norm sqrt(W / d_in) (EMA momentum 0.95 of
     one gradient: direction of g, whatever its size), the hidden matrix is unchanged."""
     import jax.numpy as jnp
 
     rng = np.random.default_rng(1)
-    params = {"Dense_0": {"kernel": jnp.asarray(rng.standard_normal((8, 8)), jnp.float32)},
-              "head": {"kernel": jnp.asarray(rng.standard_normal((8, 16)), jnp.float32)}}
-    grads = {k: {n: jnp.asarray(rng.standard_normal(v.shape), jnp.float32) for n, v in d.items()}
-             for k, d in params.items()}
-    args = gpt_width.build_parser().parse_args(["--moga-head-base", "2"])
+    params = {
+        "Dense_0": {"kernel": jnp.asarray(rng.standard_normal((8, 8)), jnp.float32)},
+        "head": {"kernel": jnp.asarray(rng.standard_normal((8, 16)), jnp.float32)},
+    }
+    grads = {
+        k: {n: jnp.asarray(rng.standard_normal(v.shape), jnp.float32) for n, v in d.items()} for k, d in params.items()
+    }
     outs = {}
-    for key, options in (("base", {"head_base_width": args.moga_head_base}), ("published", None)):
-        tx = gpt_width.optimizer_factory("moga", None, None, options)(1.0)
+    for key, options in (("base", {"head_base_width": 2.0}), ("published", {})):
+        tx = lab.optimizer("moga")(1.0, **options)
         outs[key] = tx.update(grads, tx.init(params), params)[0]
     g = np.asarray(grads["head"]["kernel"], np.float64)
     want = -g / np.linalg.norm(g, axis=0) * np.sqrt(2 / 8)
     np.testing.assert_allclose(np.asarray(outs["base"]["head"]["kernel"]), want, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(outs["published"]["head"]["kernel"]), want * 2, rtol=1e-5)
-    np.testing.assert_array_equal(np.asarray(outs["base"]["Dense_0"]["kernel"]),
-                                  np.asarray(outs["published"]["Dense_0"]["kernel"]))
+    np.testing.assert_array_equal(
+        np.asarray(outs["base"]["Dense_0"]["kernel"]), np.asarray(outs["published"]["Dense_0"]["kernel"])
+    )

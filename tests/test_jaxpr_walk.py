@@ -1,16 +1,22 @@
 """The jaxpr walk that reads each parameter's geometry off a traced forward pass.
 
-Each test traces a tiny function written here (4 x 6 matrices) and checks the decision against the geometry
-read by hand from the function's code.
+Each test traces a tiny function written here (4 x 6 matrices) through the public entry points
+(``so.GeometryMap.from_apply``, ``so.init_with_geometry``) and checks the decision, and how it was made
+(``GeometryMap.decided_by``), against the geometry read by hand from the function's code.
 """
 
+import re
+import warnings
+from typing import NamedTuple
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 from jax import lax
 
 import spectral_optax as so
-from spectral_optax._geometry.trace import trace_geometry, trace_init
 
 F32 = jnp.float32
 X = jax.ShapeDtypeStruct((2, 4), F32)
@@ -18,6 +24,30 @@ X = jax.ShapeDtypeStruct((2, 4), F32)
 
 def sds(*shape, dtype=F32):
     return jax.ShapeDtypeStruct(shape, dtype)
+
+
+class Decision(NamedTuple):
+    geometry: so.Geometry | None  # None: the trace left the leaf undecided
+    reason: str  # the trace's reason (decided: "trace: ...")
+    defer: bool  # undecided and deferred to the module hints / name rules (not the element-wise fallback)
+
+
+def trace_geometry(f, params, *args):
+    """``{name: Decision}`` of ``so.GeometryMap.from_apply(f, params, *args)`` for a flat dict of parameters."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", so.GeometryWarning)  # the fallback's warning (its own tests elsewhere)
+        gm = so.GeometryMap.from_apply(f, params, *args)
+        out = {}
+        for path, leaf in params.items():
+            geometry = gm.resolve([path], [leaf.shape])[0]
+            how = gm.decided_by(path, leaf.shape)
+            if how.startswith("trace: "):
+                out[path] = Decision(geometry, how.split("; ")[0], False)  # less what a name rule said
+            else:
+                m = re.fullmatch(r"(.*?) \(trace: (.*)\)", how)
+                assert m, how
+                out[path] = Decision(None, m.group(2), not m.group(1).startswith("fallback"))
+    return out
 
 
 def summary(d):
@@ -219,32 +249,48 @@ def test_readout_followed_through_a_gather_by_parameter_indices():
     assert "the parameter used as gather indices" in dec["idx"].reason
 
 
+def init_decision(module, path):
+    """The decision of ``so.init_with_geometry(module, key, x)`` for the (4, 6) parameter at ``path``."""
+    variables, gm = so.init_with_geometry(module, jax.random.key(0), jnp.zeros((2, 4), F32))
+    flat = {"/".join(k): v for k, v in traverse_util.flatten_dict(variables["params"]).items()}
+    assert np.shape(flat[path]) == (4, 6)
+    how = gm.decided_by(path, (4, 6))
+    assert how.startswith("trace: "), how
+    return Decision(gm.resolve([path], [(4, 6)])[0], how.split("; ")[0], False)
+
+
+class _Product(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return x @ self.param("w", nn.initializers.normal(), (4, 6))
+
+
+class _JittedProduct(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.jit(_Product)(name="inner")(x)
+
+
+class _DroppedProduct(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        _ = x @ self.param("w", nn.initializers.normal(), (4, 6))  # the forward pass, dropped
+        return jnp.ones(3) * 2.0
+
+
 def test_init_trace_follows_a_parameter_made_inside_jit():
-    """trace_init: a parameter made inside a ``jax.jit`` body and used there is followed into the body."""
-
-    def init_fn(rng, x):
-        def inner(k, x):
-            w = jax.random.normal(k, (4, 6))
-            return x @ w, w
-
-        y, w = jax.jit(inner)(rng, x)
-        return y, {"w": w}, {}
-
-    dec = trace_init(init_fn, jax.random.key(0), jnp.zeros((2, 4), F32)).decisions()
-    assert summary(dec["w"]) == ("matrix", (0,), (1,), (), 1, "output")
+    """The init trace: a parameter made inside a jitted body (``nn.jit``) and used there is followed into it."""
+    dec = init_decision(_JittedProduct(), "inner/w")
+    assert summary(dec) == ("matrix", (0,), (1,), (), 1, "output")
+    assert dec.reason == "trace: dot_general, read-out"
 
 
 def test_init_trace_whose_output_carries_no_activation_traces_again():
-    """trace_init: a marked output not computed from the inputs (a forward pass dropped): the init is traced
+    """The init trace: an output not computed from the inputs (a forward pass dropped): the init is traced
     again with its output returned, and the product is still decided (hidden: it does not reach it)."""
-
-    def init_fn(rng, x):
-        w = jax.random.normal(rng, (4, 6))
-        _ = x @ w  # the forward pass, dropped
-        return jnp.ones(3) * 2.0, {"w": w}, {}
-
-    dec = trace_init(init_fn, jax.random.key(0), jnp.zeros((2, 4), F32)).decisions()
-    assert summary(dec["w"]) == ("matrix", (0,), (1,), (), 1, "hidden")
+    dec = init_decision(_DroppedProduct(), "w")
+    assert summary(dec) == ("matrix", (0,), (1,), (), 1, "hidden")
+    assert dec.reason == "trace: dot_general"
 
 
 def test_from_matrix_inverts_to_matrix_with_a_non_trivial_permutation():

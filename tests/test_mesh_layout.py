@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spectral_optax._geometry import Geometry
+from spectral_optax import Geometry
 from spectral_optax._mesh import layout as mesh_lib
 
 

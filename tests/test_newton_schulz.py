@@ -15,18 +15,20 @@ from conftest import tf32_round
 
 import spectral_optax as so
 
-# The package exports the function `newton_schulz`, which shadows the module name.
+# Private, where no public name reaches what is checked: the power preconditioning's constants (POWER_*), the
+# dtype defaults on a simulated GPU, the iteration's matmul (patched to emulate TF32 operands) and the float64
+# top singular value of the references. Everything public is read through so / so.expert.
 import spectral_optax._duals.polar as ns_mod
 import spectral_optax._duals.polar.iteration as ns_iteration
 import spectral_optax._duals.polar.policy as ns_policy
-from spectral_optax._duals.polar import (
-    newton_schulz,
+from spectral_optax import newton_schulz
+from spectral_optax._numerics import top_singular_value
+from spectral_optax.expert import (
+    POWER3_COEFFICIENTS,
+    POWER4_COEFFICIENTS,
     optimal_quintic,
     polar_express_coefficients,
-    policy,
 )
-from spectral_optax._duals.polar.coefficients import POWER3_COEFFICIENTS, POWER4_COEFFICIENTS
-from spectral_optax._numerics import top_singular_value
 
 # Published 8-step Polar Express table (Amsel et al. 2025), before the safety factor.
 PUBLISHED_PE = [
@@ -180,19 +182,19 @@ def test_gram_variant_matches_standard_f32(shape):
 
 
 def test_auto_method_picks_gram_only_when_cheaper_and_accurate():
-    assert ns_policy._use_gram("auto", 768, 3072, 5, jnp.float32)
-    assert ns_policy._use_gram("auto", 3072, 768, 5, jnp.float32)
-    assert not ns_policy._use_gram("auto", 768, 768, 5, jnp.float32)
+    assert so.expert.newton_schulz_method(768, 3072, 5, jnp.float32) == "gram"
+    assert so.expert.newton_schulz_method(3072, 768, 5, jnp.float32) == "gram"
+    assert so.expert.newton_schulz_method(768, 768, 5, jnp.float32) == "standard"
     # float16: with one restart (4 steps: 52 / 72 of the standard flops), not at 5 steps (70 / 90).
-    assert ns_policy._use_gram("auto", 768, 3072, 4, jnp.float16)
-    assert not ns_policy._use_gram("auto", 768, 3072, 5, jnp.float16)
+    assert so.expert.newton_schulz_method(768, 3072, 4, jnp.float16) == "gram"
+    assert so.expert.newton_schulz_method(768, 3072, 5, jnp.float16) == "standard"
     # ... nor for long schedules (Polar Express 8: measured 0.84 on real gradients in float16).
-    assert not ns_policy._use_gram("auto", 768, 50304, 8, jnp.float16)
-    assert ns_policy._use_gram("auto", 768, 50304, 5, jnp.float16)
+    assert so.expert.newton_schulz_method(768, 50304, 8, jnp.float16) == "standard"
+    assert so.expert.newton_schulz_method(768, 50304, 5, jnp.float16) == "gram"
     # bfloat16: the restarts it needs leave < 25% to save.
     for steps in (4, 5, 8):
-        assert not ns_policy._use_gram("auto", 768, 3072, steps, jnp.bfloat16)
-        assert not ns_policy._use_gram("auto", 768, 50304, steps, jnp.bfloat16)
+        assert so.expert.newton_schulz_method(768, 3072, steps, jnp.bfloat16) == "standard"
+        assert so.expert.newton_schulz_method(768, 50304, steps, jnp.bfloat16) == "standard"
 
 
 @pytest.mark.parametrize(
@@ -211,9 +213,9 @@ def test_auto_method_picks_gram_only_when_cheaper_and_accurate():
 )
 def test_auto_method_is_precision_aware(precision, gram):
     m, n = 768, 3072
-    assert ns_mod.newton_schulz_method(m, n, 5, jnp.float32, "auto", precision) == ("gram" if gram else "standard")
+    assert so.expert.newton_schulz_method(m, n, 5, jnp.float32, "auto", precision) == ("gram" if gram else "standard")
     # bfloat16 compute never gets the Gram-space variant, whatever the precision.
-    assert ns_mod.newton_schulz_method(m, n, 5, jnp.bfloat16, "auto", precision) == "standard"
+    assert so.expert.newton_schulz_method(m, n, 5, jnp.bfloat16, "auto", precision) == "standard"
 
 
 def _dot_generals(fn, *args):
@@ -234,7 +236,7 @@ def test_float32_iteration_runs_at_highest_precision_even_under_a_lower_default(
     with jax.default_matmul_precision("bfloat16"):
         eqns = _dot_generals(lambda x: newton_schulz(x, compute_dtype=jnp.float32), x)
         steps = 5
-        gram = ns_mod.newton_schulz_method(*shape, steps, jnp.float32) == "gram"
+        gram = so.expert.newton_schulz_method(*shape, steps, jnp.float32) == "gram"
         # Gram-space: X X^T, then R^2 and Q P per step, P R P but the last, Q X; standard: 3 per step.
         assert len(eqns) == (4 * steps - 1 if gram else 3 * steps)
         assert all(_is_highest(e.params["precision"]) for e in eqns)
@@ -388,8 +390,8 @@ def test_jit_and_flops_formula():
     y = jax.jit(lambda x: newton_schulz(x, "polar_express", steps=5))(x)
     assert y.shape == x.shape and np.all(np.isfinite(np.asarray(y)))
     m, n, k = 768, 3072, 5
-    assert ns_mod.newton_schulz_flops(m, n, k) == k * (4 * m * m * n + 2 * m**3)
-    assert ns_mod.newton_schulz_flops(n, m, k, "gram") == 4 * m * m * n + 2 * m**3 * (4 * k - 3)
+    assert so.expert.newton_schulz_flops(m, n, k) == k * (4 * m * m * n + 2 * m**3)
+    assert so.expert.newton_schulz_flops(n, m, k, "gram") == 4 * m * m * n + 2 * m**3 * (4 * k - 3)
 
 
 # ------------------------------------------- coefficient sets, preconditioning, restarts
@@ -405,13 +407,13 @@ PUBLISHED_YOU = [
 
 def test_you_coefficients_and_first_n_convention():
     for name in ("you", "dion"):
-        table, safety = ns_mod.resolve_coefficients(name)
+        table, safety = so.expert.resolve_coefficients(name)
         np.testing.assert_array_equal(np.array(table), np.array(PUBLISHED_YOU))
         assert safety == 1.0
     # Fewer steps: the first rows (the published Polar Express code's coeffs_list[:steps]); more:
     # the last row repeated.
-    assert ns_mod.resolve_coefficients("you", 3)[0] == tuple(PUBLISHED_YOU[:3])
-    assert ns_mod.resolve_coefficients("you", 7)[0] == tuple(PUBLISHED_YOU + [PUBLISHED_YOU[-1]] * 2)
+    assert so.expert.resolve_coefficients("you", 3)[0] == tuple(PUBLISHED_YOU[:3])
+    assert so.expert.resolve_coefficients("you", 7)[0] == tuple(PUBLISHED_YOU + [PUBLISHED_YOU[-1]] * 2)
     # Polar Express: the N-step table is the published 8-step one's first N rows, with the safety
     # factor 1.01 on all of them but the last (which the published code divides too).
     s = 1.01
@@ -449,7 +451,7 @@ def test_preconditioning_matches_float64_reference(preconditioning, method):
         for cond in (1.0, 1e2):
             g = _random_matrix(rng, *shape, cond) * rng.uniform(0.1, 10)
             for coef, steps in (("quintic", 5), ("polar_express_schatten", 4)):
-                table, safety = ns_mod.resolve_coefficients(coef, steps)
+                table, safety = so.expert.resolve_coefficients(coef, steps)
                 y = newton_schulz(jnp.asarray(g, jnp.float32), coef, steps=steps, compute_dtype=jnp.float32,
                                   method=method, preconditioning=preconditioning)
                 ref = _ns_reference(g, table, preconditioning, safety)
@@ -473,18 +475,18 @@ def test_schatten_and_aol_starts_are_bounded_by_one():
 def test_default_preconditioning_and_auto_coefficients():
     assert ns_mod.auto_coefficients(jnp.float32) == ns_mod.auto_coefficients(jnp.float32, (16, 64)) == "quintic"
     # bfloat16: 'power4' by shape (power4_schedule); float16: 'polar_express_schatten'
-    assert ns_mod.auto_schedule(16, 64, jnp.bfloat16) == ns_mod.auto_schedule(64, 16, jnp.bfloat16) == (
+    assert so.expert.auto_schedule(16, 64, jnp.bfloat16) == so.expert.auto_schedule(64, 16, jnp.bfloat16) == (
         "power4", "gram", (1,))
-    assert ns_mod.auto_schedule(16, 31, jnp.bfloat16) == ("power4", "standard", ())
+    assert so.expert.auto_schedule(16, 31, jnp.bfloat16) == ("power4", "standard", ())
     assert ns_mod.auto_coefficients(jnp.bfloat16) == ns_mod.auto_coefficients(jnp.bfloat16, (16, 64)) == "power4"
-    assert ns_mod.auto_schedule(16, 64, jnp.float16) == ("polar_express_schatten", "auto", None)
+    assert so.expert.auto_schedule(16, 64, jnp.float16) == ("polar_express_schatten", "auto", None)
     assert ns_mod.auto_coefficients(jnp.float16) == ns_mod.auto_coefficients(jnp.float16, (16, 32)) == (
         "polar_express_schatten")
-    assert ns_mod.power4_schedule(16, 64) == ns_mod.power4_schedule(64, 16) == ("power4", "gram", (1,))
-    assert ns_mod.power4_schedule(16, 31) == ("power4", "standard", ())
-    assert ns_mod.default_preconditioning("polar_express_schatten") == "schatten"
-    assert ns_mod.default_preconditioning("power4") == ns_mod.default_preconditioning("power3") == "power"
-    assert ns_mod.default_preconditioning("quintic") == ns_mod.default_preconditioning(so.expert.MUON_QUINTIC) == "frobenius"
+    assert so.expert.power4_schedule(16, 64) == so.expert.power4_schedule(64, 16) == ("power4", "gram", (1,))
+    assert so.expert.power4_schedule(16, 31) == ("power4", "standard", ())
+    assert so.expert.default_preconditioning("polar_express_schatten") == "schatten"
+    assert so.expert.default_preconditioning("power4") == so.expert.default_preconditioning("power3") == "power"
+    assert so.expert.default_preconditioning("quintic") == so.expert.default_preconditioning(so.expert.MUON_QUINTIC) == "frobenius"
     rng = np.random.default_rng(9)
     cases = [(jnp.float32, (2, 16, 40), "quintic", {}), (jnp.bfloat16, (2, 16, 40), "power4", {"method": "gram",
              "restarts": (1,)}), (jnp.bfloat16, (2, 24, 40), "power4", {"method": "standard"}),
@@ -492,10 +494,10 @@ def test_default_preconditioning_and_auto_coefficients():
     for dtype, shape, coef, kw in cases:
         g = jnp.asarray(rng.normal(size=shape), jnp.float32)
         auto = newton_schulz(g, compute_dtype=dtype)
-        explicit = newton_schulz(g, coef, compute_dtype=dtype, preconditioning=ns_mod.default_preconditioning(coef),
+        explicit = newton_schulz(g, coef, compute_dtype=dtype, preconditioning=so.expert.default_preconditioning(coef),
                                  **kw)
         np.testing.assert_array_equal(np.asarray(auto), np.asarray(explicit))
-    table = ns_mod.resolve_coefficients("polar_express_schatten")[0]
+    table = so.expert.resolve_coefficients("polar_express_schatten")[0]
     assert len(table) == 4
     np.testing.assert_allclose(table, polar_express_coefficients(4, l=3e-3), rtol=0)
 
@@ -521,21 +523,21 @@ def test_gram_restarts_match_standard_f32_and_dot_count(restarts):
                 if e.params["dimension_numbers"][0][0] != (1,) else
                 2 * math.prod(e.invars[0].aval.shape[1:]) * e.invars[1].aval.shape[-1]
                 for e in eqns)
-    assert flops == ns_mod.newton_schulz_flops(m, n, 4, "gram", restarts=restarts)
+    assert flops == so.expert.newton_schulz_flops(m, n, 4, "gram", restarts=restarts)
 
 
 def test_restart_schedules_by_precision():
-    assert ns_mod.gram_restarts(5, jnp.float32) == ()
-    assert ns_mod.gram_restarts(5, jnp.float32, "tensorfloat32") == (2, 4)
-    assert ns_mod.gram_restarts(4, jnp.float16) == (2,)
-    assert ns_mod.gram_restarts(5, jnp.bfloat16) == (1, 2, 3)
-    assert ns_mod.gram_restarts(5, jnp.bfloat16, restarts=[3, 1]) == (1, 3)
+    assert so.expert.gram_restarts(5, jnp.float32) == ()
+    assert so.expert.gram_restarts(5, jnp.float32, "tensorfloat32") == (2, 4)
+    assert so.expert.gram_restarts(4, jnp.float16) == (2,)
+    assert so.expert.gram_restarts(5, jnp.bfloat16) == (1, 2, 3)
+    assert so.expert.gram_restarts(5, jnp.bfloat16, restarts=[3, 1]) == (1, 3)
     with pytest.raises(ValueError, match="restarts"):
-        ns_mod.gram_restarts(4, jnp.float16, restarts=[4])
+        so.expert.gram_restarts(4, jnp.float16, restarts=[4])
     with pytest.raises(ValueError, match="preconditioning"):
         newton_schulz(jnp.ones((4, 6)), preconditioning="spectral")
     m, n, k = 768, 3072, 4
-    assert ns_mod.newton_schulz_flops(m, n, k, "gram", restarts=(2,)) == 2 * 4 * m * m * n + 2 * m**3 * (4 * k - 6)
+    assert so.expert.newton_schulz_flops(m, n, k, "gram", restarts=(2,)) == 2 * 4 * m * m * n + 2 * m**3 * (4 * k - 6)
 
 
 # Singular values on the input's directions (s >= 1e-2 s_max) of the half-precision defaults.
@@ -575,10 +577,10 @@ def test_preconditioned_zero_and_extreme_scales_stay_finite(preconditioning, dty
 def test_power3_table_range_float64():
     # The table's design claim, in float64: [1e-2 / POWER_SAFETY, 1.03] -> [0.638, 1.176].
     l = 1e-2 / ns_mod.POWER_SAFETY
-    y = _compose(ns_mod.POWER3_COEFFICIENTS, np.concatenate([np.geomspace(l, 1, 20001), np.linspace(1, 1.03, 301)]))
+    y = _compose(so.expert.POWER3_COEFFICIENTS, np.concatenate([np.geomspace(l, 1, 20001), np.linspace(1, 1.03, 301)]))
     assert 0.6378 <= y.min() and y.max() <= 1.1759, (y.min(), y.max())
-    assert ns_mod.resolve_coefficients("power3") == (ns_mod.POWER3_COEFFICIENTS, 1.0)
-    assert ns_mod.default_preconditioning("power3") == "power"
+    assert so.expert.resolve_coefficients("power3") == (so.expert.POWER3_COEFFICIENTS, 1.0)
+    assert so.expert.default_preconditioning("power3") == "power"
 
 
 @pytest.mark.parametrize("method", ["standard", "gram"])
@@ -594,7 +596,7 @@ def test_power_start_normalizes_by_the_estimate_float64_reference(method):
         s = np.concatenate([top, np.logspace(np.log10(0.5), -2, k - len(top))])
         g = (u * s) @ v.T * 37.0
         n_ref = min(np.sum(s**8) ** 0.125, ns_mod.POWER_SAFETY * s[0])
-        want = _compose(ns_mod.POWER3_COEFFICIENTS, s / n_ref)
+        want = _compose(so.expert.POWER3_COEFFICIENTS, s / n_ref)
         y = np.asarray(newton_schulz(jnp.asarray(g, jnp.float32), "power3", compute_dtype=jnp.float32,
                                      method=method), np.float64)
         np.testing.assert_allclose(u.T @ y @ v, np.diag(want), atol=3e-4, err_msg=str(shape))
@@ -614,8 +616,8 @@ def test_power_start_holds_its_band_f32_and_counts_matvecs():
         assert 0.636 <= d[keep].min() and d[keep].max() <= 1.178, (g.shape, d[keep].min(), d[keep].max())
         assert resid < 5e-3
     m, n = 768, 3072
-    assert ns_mod.newton_schulz_flops(m, n, 3, preconditioning="power") == (
-        ns_mod.newton_schulz_flops(m, n, 3) + 8 * 4 * 2 * m * m)  # 8 iterations x 4 starts
+    assert so.expert.newton_schulz_flops(m, n, 3, preconditioning="power") == (
+        so.expert.newton_schulz_flops(m, n, 3) + 8 * 4 * 2 * m * m)  # 8 iterations x 4 starts
 
 
 # ----------------------------------------------------------------- 'power4', the half-precision default
@@ -673,9 +675,9 @@ def test_power_start_guard_returns_the_start_when_every_start_misses():
 def test_power4_table_range_float64():
     # The table's design claim, in float64: [1e-2 / POWER_SAFETY, 1.03] -> [0.938, 1.027].
     l = 1e-2 / ns_mod.POWER_SAFETY
-    y = _compose(ns_mod.POWER4_COEFFICIENTS, np.concatenate([np.geomspace(l, 1, 20001), np.linspace(1, 1.03, 301)]))
+    y = _compose(so.expert.POWER4_COEFFICIENTS, np.concatenate([np.geomspace(l, 1, 20001), np.linspace(1, 1.03, 301)]))
     assert 0.9382 <= y.min() and y.max() <= 1.0269, (y.min(), y.max())
-    assert ns_mod.resolve_coefficients("power4") == (ns_mod.POWER4_COEFFICIENTS, 1.0)
+    assert so.expert.resolve_coefficients("power4") == (so.expert.POWER4_COEFFICIENTS, 1.0)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -691,7 +693,7 @@ def test_power4_schedule_holds_its_band_against_float64_svd(dtype):
             _random_matrix(rng, 64, 256, 1e4), _random_matrix(rng, 128, 128, 1e2),
             rng.normal(size=(128, 3)) @ rng.normal(size=(3, 128))]
     def run(x):
-        coef, method, restarts = ns_mod.power4_schedule(*x.shape[-2:])
+        coef, method, restarts = so.expert.power4_schedule(*x.shape[-2:])
         return newton_schulz(x, coef, compute_dtype=dtype, method=method, restarts=restarts)
 
     f = jax.jit(run)
@@ -822,13 +824,13 @@ def test_documented_defaults_and_policy_values():
     assert so.expert.newton_schulz_method(64, 512, 5, jnp.float32) == "gram"
     # 'power' adds POWER_ITERATIONS * POWER_STARTS = 8 * 4 products of 2 s^2 flops (s = 4).
     for method in ("standard", "gram"):
-        plain = policy.newton_schulz_flops(4, 6, 5, method)
-        assert policy.newton_schulz_flops(4, 6, 5, method, preconditioning="power") - plain == 8 * 4 * 2 * 4 * 4
-    assert policy.resolve_coefficients("quintic", steps=1) == ((QUINTIC,), 1.0)
+        plain = so.expert.newton_schulz_flops(4, 6, 5, method)
+        assert so.expert.newton_schulz_flops(4, 6, 5, method, preconditioning="power") - plain == 8 * 4 * 2 * 4 * 4
+    assert so.expert.resolve_coefficients("quintic", steps=1) == ((QUINTIC,), 1.0)
     with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
-        policy.resolve_coefficients("quintic", steps=0)
+        so.expert.resolve_coefficients("quintic", steps=0)
     for name, table in (("power3", POWER3_COEFFICIENTS), ("power4", POWER4_COEFFICIENTS)):
-        padded, safety = policy.resolve_coefficients(name, steps=6)
+        padded, safety = so.expert.resolve_coefficients(name, steps=6)
         assert padded == tuple(table) + (table[-1],) * (6 - len(table)) and safety == 1.0
 
 

@@ -1,4 +1,6 @@
-"""The mesh helpers of the package's models (``spectral_optax.nn``): row gathers and parameter reads on meshes."""
+"""The package's NNX models on an Explicit mesh (``spectral_optax.nn.nnx``): a sharded embedding table and sharded
+kernels are read, the output is the unsharded model's, laid out like the token ids, and the parameters keep their
+shardings after the call."""
 
 import jax
 import jax.numpy as jnp
@@ -6,30 +8,24 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from spectral_optax.nn._sharded import gathered_call, rows_sharding
+import spectral_optax as so
 
 
 def _explicit_mesh():
     return jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:1])
 
 
-def test_rows_sharding_appends_a_replicated_feature_axis():
-    """On an Explicit mesh rows_sharding is ids' spec then None for the features."""
-    mesh = _explicit_mesh()
-    with jax.set_mesh(mesh):
-        ids = jax.device_put(jnp.arange(4), P("data"))
-        table = jax.device_put(jnp.ones((8, 3)), P("data", None))
-        assert tuple(rows_sharding(table, ids)) == ("data", None)
-
-
-def test_gathered_call_with_sharded_params_matches_numpy_and_restores():
-    """gathered_call on an Explicit mesh with a sharded kernel gives x W + b and leaves the kernel sharded."""
-    mesh = _explicit_mesh()
-    lin = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
-    w, b = np.asarray(lin.kernel[...], np.float64), np.asarray(lin.bias[...], np.float64)
-    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
-    with jax.set_mesh(mesh):
-        lin.kernel.set_value(jax.device_put(lin.kernel[...], P("data", None)))
-        y = gathered_call(lin, jnp.asarray(x))
-        assert tuple(jax.typeof(lin.kernel[...]).sharding.spec) == ("data", None)
-    np.testing.assert_allclose(np.asarray(y), x @ w + b, rtol=1e-5, atol=1e-6)
+def test_nnx_model_reads_a_sharded_table_and_kernels_and_keeps_their_shardings():
+    model = so.nn.nnx.ResidualMLP(3, 8, 1, 5, vocab_size=32, rngs=nnx.Rngs(0))
+    tokens = np.asarray(jax.random.randint(jax.random.key(1), (4, 3), 0, 32))
+    with jax.default_matmul_precision("highest"):
+        want = np.asarray(model(jnp.asarray(tokens)), np.float64)  # off the mesh
+    sharded = {"embed": model.embed.embedding, "input_proj": model.input_proj.kernel, "head": model.head.kernel}
+    with jax.set_mesh(_explicit_mesh()), jax.default_matmul_precision("highest"):
+        for param in sharded.values():  # rows over data (the table's vocabulary, the head's fan-in)
+            param.set_value(jax.device_put(param[...], P("data", None)))
+        got = model(jax.device_put(jnp.asarray(tokens), P("data")))
+        assert tuple(jax.typeof(got).sharding.spec)[0] == "data"  # the ids' layout: batch over data
+        for name, param in sharded.items():
+            assert tuple(jax.typeof(param[...]).sharding.spec) == ("data", None), name
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-6)

@@ -1,11 +1,12 @@
-"""benchmarks.pod_scale's trees: the geometry its overrides give (no compile)."""
+"""The pod-scale trees (``spectral_optax.lab.pod``, ``benchmarks.pod_scale --tree``): the geometry their overrides give
+(no compile)."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import spectral_optax as so
-from benchmarks.pod_scale import tree_shapes
+from spectral_optax.lab.pod import tree_shapes
 
 
 @pytest.mark.parametrize("scan", [False, True])

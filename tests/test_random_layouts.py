@@ -45,7 +45,7 @@ import sys, json
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import spectral_optax as so
-from benchmarks.pod_scale import tree_shapes, partition_specs
+from spectral_optax.lab.pod import tree_shapes, partition_specs
 
 draws = json.loads(sys.argv[1])
 for seed, tree, scan, (r, d, t), kind in draws:
@@ -100,11 +100,12 @@ def test_random_layouts_equal_the_one_device_update_more_draws():
 TARGETS = {64: (1.3, 3.0), 256: (2.0, 6.0)}
 COMPILE = """
 import sys, json
-from benchmarks.pod_scale import measure
+from benchmarks import pod_scale
 
 n, tree, scan, replicas, tp, mesh, seed = json.loads(sys.argv[1])
-(row,) = measure(tree, n, mesh, tp, scan, ["muon"], layout="random", seed=seed, replicas=replicas,
-                 flops_per_byte=None)
+argv = ["--devices", str(n), "--tree", tree, "--tp", str(tp), "--replicas", str(replicas), "--mesh", mesh,
+        "--layout", "random", "--seed", str(seed), "--flops-per-byte", "device", "--optimizers", "muon"]
+(row,) = pod_scale.main(argv + (["--scan"] if scan else []))
 print(json.dumps(row))
 """
 

@@ -21,7 +21,6 @@ SCRIPT = """
 import jax, jax.numpy as jnp, numpy as np, optax
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 import spectral_optax as so
-from spectral_optax._numerics import rms_normalize, unit_frobenius
 
 mesh = jax.make_mesh((4,), ("x",), axis_types=(AxisType.Auto,))
 rng = np.random.default_rng(0)
@@ -49,15 +48,19 @@ for dim, spec in ((-1, P(None, None, "x")), (-2, P(None, "x", None))):
     assert np.max(np.abs(np.asarray(local) - ref)) > 1e-2
 print("ok newton_schulz")
 
-# Norms with psum: Frobenius per slice (split columns) and RMS along the split axis.
-fro = smap(lambda g: unit_frobenius(g, axis=(1, 2), axis_name="x"), P(None, None, "x"))(G)
-np.testing.assert_allclose(np.asarray(fro), G / np.linalg.norm(G.astype(np.float64), axis=(1, 2), keepdims=True),
-                           rtol=1e-5, atol=1e-7)
-rms = smap(lambda g: rms_normalize(g, axis=-1, axis_name="x"), P(None, None, "x"))(G)
-np.testing.assert_allclose(np.asarray(rms), G / np.sqrt(np.mean(G.astype(np.float64) ** 2, -1, keepdims=True)),
+# Norms with psum: l2 along the split axis (the Frobenius normalization's reduction), RMS along the split fan-out.
+g64 = G.astype(np.float64)
+for axis, spec in ((2, P(None, None, "x")), (1, P(None, "x", None))):
+    l2 = smap(lambda g: so.expert.lp_dual_direction(g, 2.0, axis, axis_name="x"), spec)(G)
+    np.testing.assert_allclose(np.asarray(l2), g64 / np.linalg.norm(g64, axis=axis, keepdims=True),
+                               rtol=1e-5, atol=1e-7)
+rms_spec = {"Dense_0": {"kernel": P(None, "x")}}
+tx_rms = so.scale_by_fan_out_rms(axis_name=rms_spec)
+rms = jax.jit(jax.shard_map(lambda g: tx_rms.update(g, tx_rms.init(g))[0], mesh=mesh, in_specs=(rms_spec,),
+                            out_specs=rms_spec))({"Dense_0": {"kernel": G[0]}})["Dense_0"]["kernel"]
+np.testing.assert_allclose(np.asarray(rms), g64[0] / np.sqrt(np.mean(g64[0] ** 2, -1, keepdims=True)),
                            rtol=1e-5, atol=1e-6)
 row = smap(lambda g: so.expert.row_normalize(g, 3.0, axis_name="x"), P(None, "x", None))(G)
-g64 = G.astype(np.float64)
 row_ref = np.sign(g64) * np.abs(g64) ** 2 / np.sum(np.abs(g64) ** 3, axis=1, keepdims=True) ** (2 / 3) * 16 ** (-1 / 3)
 np.testing.assert_allclose(np.asarray(row), row_ref, rtol=1e-4, atol=1e-6)
 row2 = smap(lambda g: so.expert.row_normalize(g, 2.0, axis_name="x"), P(None, "x", None))(G)  # p = 2: no powers

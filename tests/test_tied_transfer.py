@@ -1,9 +1,12 @@
-"""benchmarks/tied_transfer.py's code path, a few steps (the benchmark itself: docs/benchmarks.md)."""
+"""The tied-embedding study: its model, constants and optimizers (``spectral_optax.lab.tied``) against references
+written here, and ``benchmarks.tied_transfer``'s command line at a few steps (the benchmark itself:
+docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import functools
 import itertools
+import json
 import math
 
 import jax
@@ -11,8 +14,8 @@ import numpy as np
 import pytest
 
 import spectral_optax as so
-from benchmarks import tied_transfer
 from spectral_optax import lab
+from spectral_optax.lab import tied as study
 
 
 def test_models_start_at_ln_vocab_and_the_tied_one_carries_the_multiplier():
@@ -20,79 +23,82 @@ def test_models_start_at_ln_vocab_and_the_tied_one_carries_the_multiplier():
     # predictor's ln(256) (reference computed here); the same params read out without the multiplier are far above.
     data = lab.load("text", context=8, sequence=True)
     x, y = data.numpy_batch("train", np.arange(4))
-    model, geometry = tied_transfer.make_model(64, data, tied=True, init="spectral")
+    model, geometry = study.make_model(64, data, tied=True, init="spectral")
     params = model.init(jax.random.key(0))
     assert abs(float(model.loss(params, x, y)) - math.log(256)) < 0.5
-    own, _ = tied_transfer.make_model(64, data, tied=True, init="own")
+    own, _ = study.make_model(64, data, tied=True, init="own")
     assert float(own.loss(params, x, y)) > math.log(256) + 3.0
     notes = [r["path"] for r in so.describe(params, geometry, print_table=False) if r["note"]]
     assert notes == ["embed/embedding"]
 
 
-def _tiny_run(tmp_path, **kw):
-    """``tied_transfer.run`` on the tied model at widths 16 and 32, two steps of batch 2, context 8, one seed."""
-    fixed = dict(models=("tied",), widths=[16, 32], steps=2, seeds=[0], context=8, batch_size=2)
-    return tied_transfer.run(**fixed, out=str(tmp_path), progress=False, **kw)
+def _tiny_run(tmp_path, *flags):
+    """``python -m benchmarks.tied_transfer`` on the tied model at widths 16 and 32, two steps of batch 2, context 8,
+    one seed, 16 validation sequences; returns its JSON."""
+    from benchmarks import tied_transfer
+
+    path = tmp_path / "tied.json"
+    argv = "--quick --models tied --widths 16,32 --steps 2 --seeds 1 --batch-size 2 --context 8 --eval-examples 16"
+    tied_transfer.main([*argv.split(), "--out", str(tmp_path), "--no-progress", "--json", str(path), *flags])
+    return json.loads(path.read_text())
 
 
 @pytest.mark.slow
-def test_quick_code_path_runs_and_reports(tmp_path):
-    report = _tiny_run(tmp_path, optimizers=("muon", "adamw_sp"), num_lrs=2)
-    s = report["tied"]["summary"]
+def test_quick_code_path_runs_and_reports(tmp_path, capsys):
+    report = _tiny_run(tmp_path, "--optimizers", "muon,adamw_sp", "--num-lrs", "2")
+    s = report["summary"]["tied"]
     assert set(s) == {"muon", "adamw_sp"}
     for name in s:
-        assert sorted(s[name]["loss_at_best"]) == [16, 32]
+        assert sorted(int(w) for w in s[name]["loss_at_best"]) == [16, 32]
         assert all(math.isfinite(v) for v in s[name]["loss_at_best"].values())
-        assert report["tied"]["regret"][name]["wide"] == 32
+        assert report["regret"]["tied"][name]["wide"] == 32
     assert (tmp_path / "tied_transfer.jsonl").exists()
-    tied_transfer.print_report(report, [16, 32])
+    assert "muon" in capsys.readouterr().out  # the printed report
 
 
 def test_tune_grid_constants_tag_and_parse():
     # Every combination of the grid, rb only on the tied model and hb only on the untied one.
-    tied = tied_transfer.tune_grid("moga", tied=True)
-    untied = tied_transfer.tune_grid("moga", tied=False)
-    grid = tied_transfer.TUNE_GRID["moga"]
+    tied = study.tune_grid("moga", tied=True)
+    untied = study.tune_grid("moga", tied=False)
+    grid = study.TUNE_GRID["moga"]
     # every combination of the grid's values: rb only on the tied model (hb at its default there), hb only on the
     # untied one (rb at its default); each combination once
-    defaults = tied_transfer.DEFAULT_CONSTANTS
+    defaults = study.DEFAULT_CONSTANTS
     for combos, skip in ((tied, "hb"), (untied, "rb")):
         keys = [k for k in grid if k != skip]
         want = {tuple(v) for v in itertools.product(*(grid[k] for k in keys))}
         assert {tuple(c[k] for k in keys) for c in combos} == want and len(combos) == len(want)
         assert all(c[skip] == defaults[skip] for c in combos)
-    assert tied_transfer.tune_grid("adamw_sp", tied=True) == [tied_transfer.DEFAULT_CONSTANTS]
+    assert study.tune_grid("adamw_sp", tied=True) == [study.DEFAULT_CONSTANTS]
     # The resume tag names only what differs from the defaults ("/rb4": the tag of --readout-base-width 4).
-    assert tied_transfer.constants_tag(tied_transfer.DEFAULT_CONSTANTS) == ""
-    assert tied_transfer.constants_tag(dict(tied_transfer.DEFAULT_CONSTANTS, rb=4.0, bf=5.0)) == "/rb4/bf5"
-    assert tied_transfer.parse_constants("muon:rb=4:emb=0.25,moga:bf=5") == {
+    assert study.constants_tag(study.DEFAULT_CONSTANTS) == ""
+    assert study.constants_tag(dict(study.DEFAULT_CONSTANTS, rb=4.0, bf=5.0)) == "/rb4/bf5"
+    assert study.parse_constants("muon:rb=4:emb=0.25,moga:bf=5") == {
         "muon": {"rb": 4.0, "emb": 0.25},
         "moga": {"bf": 5.0},
     }
     # --constants wins over --readout-base-width (the docstring's "--constants muon:rb=4:emb=4" runs)
-    given = tied_transfer.parse_constants("moga:rb=4:bf=1:adam=1:emb=4")
-    assert tied_transfer.constants_for("moga", 2.0, given) == dict(
-        tied_transfer.DEFAULT_CONSTANTS, rb=4.0, emb=4.0, bf=1.0, adam=1.0
-    )
-    assert tied_transfer.constants_for("muon", 2.0, given) == dict(tied_transfer.DEFAULT_CONSTANTS, rb=2.0)
+    given = study.parse_constants("moga:rb=4:bf=1:adam=1:emb=4")
+    assert study.constants_for("moga", 2.0, given) == dict(study.DEFAULT_CONSTANTS, rb=4.0, emb=4.0, bf=1.0, adam=1.0)
+    assert study.constants_for("muon", 2.0, given) == dict(study.DEFAULT_CONSTANTS, rb=2.0)
     with pytest.raises(SystemExit, match="KEY one of"):
-        tied_transfer.parse_constants("muon:lr=4")
+        study.parse_constants("muon:lr=4")
     with pytest.raises(SystemExit, match="unknown optimizer"):
-        tied_transfer.parse_constants("sgd:rb=4")
+        study.parse_constants("sgd:rb=4")
 
 
 @functools.lru_cache(maxsize=1)
 def _setup(d=16):
     data = lab.load("text", context=8, sequence=True)
     x, y = data.numpy_batch("train", np.arange(4))
-    model, geometry = tied_transfer.make_model(d, data, tied=True, init="spectral")
+    model, geometry = study.make_model(d, data, tied=True, init="spectral")
     params = model.init(jax.random.key(0))
     return model, geometry, params, jax.grad(model.loss)(params, x, y)
 
 
 def _one_update(name, consts, d=16):
     model, geometry, params, grads = _setup(d)
-    opt = tied_transfer.optimizer_factory(name, lambda n: geometry, model.shapes(), consts=consts)(0.01, d)
+    opt = study.optimizer_factory(name, lambda n: geometry, model.shapes(), consts=consts)(0.01, d)
     updates, _ = opt.update(grads, opt.init(params), params)
     return _by_path(updates)
 
@@ -132,25 +138,23 @@ def test_emb_multiplies_the_tables_updates_only(name):
 
 @pytest.mark.slow
 def test_tune_picks_the_proxy_best_and_transfers_with_it(tmp_path, monkeypatch):
-    monkeypatch.setitem(tied_transfer.TUNE_GRID, "muon", {"rb": (1.0, 4.0)})
-    report = _tiny_run(tmp_path, optimizers=("muon",), num_lrs=3, tune=True, eval_examples=16)
-    rows = report["tied"]["tuning"]["muon"]
+    monkeypatch.setitem(study.TUNE_GRID, "muon", {"rb": (1.0, 4.0)})
+    report = _tiny_run(tmp_path, "--optimizers", "muon", "--num-lrs", "3", "--tune")
+    rows = report["tuning"]["tied"]["muon"]
     assert sorted(r["rb"] for r in rows) == [1.0, 4.0]
     best = min(rows, key=lambda r: r["loss"])
-    assert report["tied"]["constants"]["muon"]["rb"] == best["rb"]
-    s = report["tied"]["summary"]["muon"]
-    assert s["loss_at_best"][16] == pytest.approx(best["loss"])  # the proxy's runs reused, not redrawn
-    assert sorted(s["loss_at_best"]) == [16, 32]
+    assert report["constants"]["tied"]["muon"]["rb"] == best["rb"]
+    s = report["summary"]["tied"]["muon"]
+    assert s["loss_at_best"]["16"] == pytest.approx(best["loss"])  # the proxy's runs reused, not redrawn
+    assert sorted(int(w) for w in s["loss_at_best"]) == [16, 32]
 
 
 def test_es_sets_the_tables_init_std_only():
     # es = 0.25: the tied table's and the positions' entries are N(0, 0.25^2) (sample std of 256 x 16 and 8 x 16
     # entries, within 4 standard errors), the matrices are drawn as at es = 1.
     data = lab.load("text", context=8, sequence=True)
-    ref = tied_transfer.make_model(16, data, tied=True, init="spectral")[0].init(jax.random.key(0))
-    small = tied_transfer.make_model(16, data, tied=True, init="spectral", embedding_std=0.25)[0].init(
-        jax.random.key(0)
-    )
+    ref = study.make_model(16, data, tied=True, init="spectral")[0].init(jax.random.key(0))
+    small = study.make_model(16, data, tied=True, init="spectral", embedding_std=0.25)[0].init(jax.random.key(0))
     for table, n in ((small["embed"]["embedding"], 256 * 16), (small["pos_embed"], 8 * 16)):
         assert abs(np.asarray(table, np.float64).std() - 0.25) < 4 * 0.25 / math.sqrt(2 * n)
     np.testing.assert_array_equal(small["block_0"]["mlp_in"]["kernel"], ref["block_0"]["mlp_in"]["kernel"])

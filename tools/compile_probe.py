@@ -7,10 +7,11 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_
 import jax, jax.numpy as jnp, optax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import spectral_optax as so
-from benchmarks.pod_scale import tree_shapes, _costs, TREES
+from benchmarks.pod_scale import _costs
+from spectral_optax.lab.pod import tree_shapes, TREES
 TREES['tiny'] = (512, 16, 2048, 4096, 'llama')
 TREES['tiny7b'] = (512, 32, 1536, 4096, 'llama')
-from benchmarks.sharded_speed import collective_bytes
+from spectral_optax.lab.cli import collective_bytes
 import math
 shapes, geometry = tree_shapes(TREE, False)
 mesh = jax.make_mesh((N // TP, TP), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)

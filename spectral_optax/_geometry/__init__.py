@@ -19,8 +19,6 @@ canonical view. The modules, each importing only those above it:
 This package re-exports what the rest of ``spectral_optax`` imports from it.
 """
 
-# The one private name: benchmarks/trace_geometry_time.py and tests/test_trace_geometry.py time the init trace.
-from spectral_optax._geometry.flax_hints import _linen_init_trace as _linen_init_trace
 from spectral_optax._geometry.resolve import (
     GeometryLike,
     GeometryMap,

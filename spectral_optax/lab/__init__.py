@@ -11,7 +11,8 @@ API (all public, used by the benchmarks and reusable for any sweep)::
 
     data = lab.text(context=8)             # embedded pydoc text, next-byte task
     # also: lab.digits(), lab.digits_binary((3, 8)), lab.text(path),
-    #       lab.cifar(dir, num_classes=10|100), lab.load('text' | 'cifar10:DIR' ...)
+    #       lab.cifar(dir, num_classes=10|100), lab.load('text' | 'cifar10:DIR' ...),
+    #       lab.binary_pair('cifar10:DIR', (0, 1), num_train=200): two classes, +-1 targets
 
     family = lab.mlp_family(data, vary='width', depth=1, init='spectral')
     #   a family is any callable size -> lab.Model(init, apply, loss):
@@ -42,6 +43,9 @@ API (all public, used by the benchmarks and reusable for any sweep)::
     lab.plot_sweeps({'mup_adamw': res, ...}, 'all.png')
     lab.regret(res.runs, lr, grid=lrs, size=1024)  # target loss at lr - best of its sweep
                                             # (nats, and grid steps from its best LR)
+    lab.quadratic_steps(loss, params, grads, update, lab.route_labels(params))
+    #   the step along the update, whole and per route (hidden, head, embedding, vector), that the
+    #   loss's quadratic model prefers: the drift diagnosis of benchmarks.gpt_width --diagnose
 
 All LRs x seeds of one size train in one compiled program (vmap over runs,
 scan over steps). Every finished run is appended to the JSONL results file;
@@ -56,14 +60,19 @@ best LR.
 
 The benchmarks' shared command line, JSON writer and environment record are
 :mod:`spectral_optax.lab.cli` (``from spectral_optax.lab import cli``); the depth studies on real
-architectures (forms, sweeps, figures, report) are :mod:`spectral_optax.lab.depth`.
+architectures (forms, sweeps, figures, report) are :mod:`spectral_optax.lab.depth`; the tied-embedding study's
+model, Theta(1) constants and optimizers are :mod:`spectral_optax.lab.tied`; the pod-scale trees and layouts
+are :mod:`spectral_optax.lab.pod`.
 """
 
 from spectral_optax.lab import cli as cli
 from spectral_optax.lab import depth as depth
+from spectral_optax.lab import pod as pod
+from spectral_optax.lab import tied as tied
 from spectral_optax.lab._data import (
     DataError,
     Dataset,
+    binary_pair,
     cifar,
     digits,
     digits_augmented,
@@ -84,7 +93,15 @@ from spectral_optax.lab._models import (
 )
 from spectral_optax.lab._plots import plot_sweep, plot_sweeps, savefig
 from spectral_optax.lab._registry import EXPERIMENTS, OPTIMIZERS, Optimizer, optimizer
-from spectral_optax.lab._regret import REGRET_TOLERANCE, regret, transfer_verdict, widest_regret
+from spectral_optax.lab._regret import (
+    CONTROL_SUFFIX,
+    REGRET_TOLERANCE,
+    regret,
+    transfer_controls,
+    transfer_verdict,
+    widest_regret,
+)
+from spectral_optax.lab._routes import ROUTES, quadratic_steps, route_labels
 from spectral_optax.lab._summary import exponent_summaries, lr_grid, refine_minimum, spread_steps, summarize
 from spectral_optax.lab._sweep import (
     SweepResult,
@@ -97,6 +114,7 @@ from spectral_optax.lab._sweep import (
 __all__ = [
     "DataError",
     "Dataset",
+    "binary_pair",
     "cifar",
     "digits",
     "digits_augmented",
@@ -119,6 +137,9 @@ __all__ = [
     "OPTIMIZERS",
     "Optimizer",
     "optimizer",
+    "ROUTES",
+    "route_labels",
+    "quadratic_steps",
     "SweepResult",
     "append_run",
     "load_runs",
@@ -128,6 +149,8 @@ __all__ = [
     "REGRET_TOLERANCE",
     "widest_regret",
     "transfer_verdict",
+    "transfer_controls",
+    "CONTROL_SUFFIX",
     "spread_steps",
     "summarize",
     "exponent_summaries",

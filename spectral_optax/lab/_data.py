@@ -33,6 +33,7 @@ __all__ = [
     "digits",
     "digits_augmented",
     "digits_binary",
+    "binary_pair",
     "text",
     "cifar",
     "load",
@@ -247,6 +248,50 @@ def digits_binary(classes: tuple[int, int] = (3, 8), *, num_train: int = 200, sp
     std = np.where(std > 1e-6, std, 1.0)
     xt, xv = (xt - mean) / std, (xv - mean) / std
     return Dataset(f"digits{a}v{b}", (xt, y[tr]), (xv, y[va]), len(tr), len(va), 1, (64,), "regression")
+
+
+def binary_pair(spec: str, classes: tuple[int, int], *, num_train: int = 200, split_seed: int = 0) -> Dataset:
+    """Two classes of a classification dataset with +-1 regression targets (the feature-learning task).
+
+    ``'digits'`` is :func:`digits_binary`. Otherwise the dataset :func:`load`
+    reads from ``spec`` (flattened inputs, e.g. CIFAR-10 standardized per
+    channel by :func:`cifar`): ``num_train`` training examples, half of each
+    class (the second class gets the odd one), each class's drawn by a
+    permutation of ``split_seed``, in a permuted order; the validation set is
+    every validation example of the two classes.
+
+    Args:
+      spec: a :func:`load` spec, e.g. ``'digits'`` or ``'cifar10:DIR'``.
+      classes: the two class ids ``(a, b)``; ``a`` gets target -1, ``b`` +1.
+      num_train: training examples (``>= 2``).
+      split_seed: seed of the permutations that pick the training examples.
+
+    Returns:
+      a :class:`Dataset` of kind ``'regression'``, ``num_outputs=1``, named
+      ``'{dataset}_{a}v{b}'`` (``'digits{a}v{b}'`` for the digits).
+
+    Raises:
+      DataError: a class has fewer training examples than its half of ``num_train``.
+    """
+    if spec == "digits":
+        return digits_binary(classes, num_train=num_train, split_seed=split_seed)
+    data = load(spec, flatten=True)
+    (x, labels), (xv, lv) = data.train, data.val
+    a, b = classes
+    rng = np.random.default_rng(split_seed)
+    ia, ib = rng.permutation(np.flatnonzero(labels == a)), rng.permutation(np.flatnonzero(labels == b))
+    half = num_train // 2
+    if min(len(ia), len(ib)) < num_train - half or num_train < 2:
+        raise DataError(
+            f"{spec}: classes {classes} have {len(ia)} and {len(ib)} training examples; "
+            f"num_train={num_train} needs {num_train - half} of each"
+        )
+    idx = rng.permutation(np.concatenate([ia[:half], ib[: num_train - half]]))
+    y = np.where(labels[idx] == a, -1.0, 1.0).astype(np.float32)
+    va = np.flatnonzero((lv == a) | (lv == b))
+    yv = np.where(lv[va] == a, -1.0, 1.0).astype(np.float32)
+    train, val = (x[idx].astype(np.float32), y), (xv[va].astype(np.float32), yv)
+    return Dataset(f"{data.name}_{a}v{b}", train, val, len(idx), len(va), 1, (x.shape[1],), "regression")
 
 
 # --------------------------------------------------------------------------

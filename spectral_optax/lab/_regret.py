@@ -16,14 +16,15 @@ neighbouring grid points and the result says so (``interpolated``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from spectral_optax.lab._summary import _grid_ratio, refine_minimum
 
-__all__ = ["REGRET_TOLERANCE", "regret", "transfer_verdict", "widest_regret"]
+__all__ = ["CONTROL_SUFFIX", "REGRET_TOLERANCE", "regret", "transfer_controls", "transfer_verdict", "widest_regret"]
 
 #: The width studies' verdict threshold: an optimizer *transfers* when the widest model trained at the narrowest
 #: model's best LR loses at most this much train loss against the widest model's own best (nats).
@@ -174,4 +175,36 @@ def transfer_verdict(regrets: dict, tolerance: float = REGRET_TOLERANCE) -> dict
     for name, r in regrets.items():
         v = "transfers" if r["regret"] <= tolerance else "does not"
         out[name] = {"verdict": v, "margin": tolerance - r["regret"], "per_seed": r.get("per_seed", [])}
+    return out
+
+
+#: What :func:`transfer_controls` appends to a target's label to name its control.
+CONTROL_SUFFIX = ", at the proxy's size"
+
+
+def transfer_controls(proxy, targets: Mapping, mode: str = "add") -> dict:
+    """``targets`` with (``mode='add'``) or replaced by (``'only'``) their controls; ``'off'``: ``targets``.
+
+    A target's control is the target's steps and batch at the proxy's width and depth, labelled
+    ``label + CONTROL_SUFFIX``; a target at the proxy's width and depth has none. A transfer recipe
+    (:func:`spectral_optax.transfer.transfer`) gives the control the target's LR (width and depth are the
+    parametrization's), so the control's regret is the horizon and batch rules' alone, and the target's minus the
+    control's is what the width and depth transfer adds.
+
+    Args:
+      proxy: the :class:`spectral_optax.transfer.Scale` the LR was tuned at.
+      targets: ``{label: Scale}``.
+      mode: ``'add'``, ``'only'`` or ``'off'``.
+
+    Returns:
+      ``{label: Scale}``: the targets (unless ``'only'``), then the controls in the targets' order.
+    """
+    if mode not in ("off", "add", "only"):
+        raise ValueError(f"controls must be 'off', 'add' or 'only', got {mode!r}")
+    if mode == "off":
+        return dict(targets)
+    out = {} if mode == "only" else dict(targets)
+    for label, t in targets.items():
+        if (t.width, t.depth) != (proxy.width, proxy.depth):
+            out[label + CONTROL_SUFFIX] = dataclasses.replace(t, width=proxy.width, depth=proxy.depth)
     return out

@@ -121,6 +121,31 @@ def config(args, presets) -> tuple[str, dict]:
     return preset, cfg
 
 
+def depth_sweep(
+    make, factory, grid, *, data, cfg, seeds, results_path, name, progress=False, devices=None, depths=None, **kw
+):
+    """One :func:`~spectral_optax.lab.sweep` over ``depths`` (default ``cfg['depths']``; ``size_name='depth'``):
+    ``grid`` LRs, ``seeds`` seeds (a count), ``cfg['steps']`` steps of ``cfg['batch_size']``, recorded in
+    ``results_path`` under ``name``; ``kw``: the rest of ``lab.sweep``'s options (``schedule``, ``tag``,
+    ``eval_examples``, ...), its defaults otherwise."""
+    return sweep(
+        make,
+        factory,
+        sizes=cfg["depths"] if depths is None else depths,
+        lrs=grid,
+        data=data,
+        steps=cfg["steps"],
+        batch_size=cfg["batch_size"],
+        seeds=list(range(seeds)),
+        results=results_path,
+        name=name,
+        size_name="depth",
+        progress=progress,
+        devices=devices,
+        **kw,
+    )
+
+
 def run_sweeps(
     *,
     family,
@@ -156,25 +181,23 @@ def run_sweeps(
             key = f"{name}/{form}"
 
             def run(depths, lrs, k, form=form, key=key):
-                return sweep(
+                return depth_sweep(
                     family(form),
                     form_factory(name, form),
-                    sizes=depths,
-                    lrs=lrs,
+                    lrs,
                     data=data,
-                    steps=cfg["steps"],
-                    batch_size=cfg["batch_size"],
-                    seeds=list(range(k)),
-                    results=results_path,
+                    cfg=cfg,
+                    seeds=k,
+                    results_path=results_path,
                     name=key,
-                    tag=tag,
-                    size_name="depth",
                     progress=progress,
+                    devices=devices,
+                    depths=depths,
+                    tag=tag,
                     schedule=schedule,
                     eval_examples=eval_examples,
                     val_curve=val_curve,
                     chunks=cfg.get("chunks", 5),
-                    devices=devices,
                 ).runs
 
             runs = run(cfg["depths"], grid, seeds)
