@@ -98,7 +98,10 @@ def make_model(d: int, data, *, tied: bool, init: str, readout_base: float = 1.0
 
     def init_fn(key):
         k_own, k_new = jax.random.split(key)
-        return so.initializers.reinitialize(k_new, own.init(k_own), geometry, embedding_std=embedding_std)
+        # warn_tied: the apply below multiplies the tied read-out (the fix the warning asks for)
+        return so.initializers.reinitialize(
+            k_new, own.init(k_own), geometry, embedding_std=embedding_std, warn_tied=mult is None
+        )
 
     def apply(params, x):
         if mult is None:
