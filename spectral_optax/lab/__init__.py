@@ -56,11 +56,14 @@ best LR.
 
 The benchmarks' shared command line, JSON writer and environment record are
 :mod:`spectral_optax.lab.cli` (``from spectral_optax.lab import cli``); the depth studies on real
-architectures (forms, sweeps, figures, report) are :mod:`spectral_optax.lab.depth`.
+architectures (forms, sweeps, figures, report) are :mod:`spectral_optax.lab.depth`; the whole recipe (tune at a
+proxy, ``so.transfer``, sweep the target) on a nanodo-style decoder the package did not write, judged against
+``optax.adamw`` on the model's own init, is :mod:`spectral_optax.lab.third_party`.
 """
 
 from spectral_optax.lab import cli as cli
 from spectral_optax.lab import depth as depth
+from spectral_optax.lab import third_party as third_party
 from spectral_optax.lab._data import (
     DataError,
     Dataset,
