@@ -7,9 +7,18 @@ naive LR's regret, the target's own best loss and the loss at the transferred LR
 at the target (on the model's own init).
 
     python -m benchmarks.third_party_lm [--quick | --preset quick|full] [--models tied,untied]
-        [--setups muon,muon_own,mup_adamw,moga,adamw] [--seeds K] [--json PATH] [--out DIR]
+        [--setups muon,muon_own,mup_adamw,moga,adamw] [--framework linen|nnx] [--seeds K] [--json PATH] [--out DIR]
 
-Runs are appended to ``OUT/third_party_lm.jsonl``; rerunning skips the runs already recorded.
+``--study mup_adamw``: why ``mup_adamw`` ends worse than ``optax.adamw`` at the target
+(:func:`spectral_optax.lab.third_party.diagnose`): the variants of
+:data:`spectral_optax.lab.third_party.MUP_VARIANTS` (``--variants``) at one reduced target (``--width``,
+``--steps``, ``--batch-size``) over a factor-2 LR grid per variant (``--lrs 'name=a:b:c;*=a:b'``).
+
+    python -m benchmarks.third_party_lm --study mup_adamw --width 128 --steps 300 --batch-size 32
+        --variants tied_path,adamw,own_init --lrs '*=0.008:0.016:0.032;adamw=0.002:0.004:0.008' [--seeds K]
+
+Runs are appended to ``OUT/third_party_lm.jsonl`` (``OUT/third_party_lm_diagnose.jsonl`` for the study);
+rerunning skips the runs already recorded.
 """
 
 from __future__ import annotations
@@ -40,14 +49,58 @@ def print_report(report) -> None:
                 )
 
 
+def diagnose_main(args):
+    lrs = {k: [float(x) for x in v.split(":")] for k, v in (item.split("=") for item in args.lrs.split(";"))}
+    variants = args.variants.split(",")
+    seeds = range(args.seeds if args.seeds is not None else 1)
+    print(f"mup_adamw diagnosis: width {args.width}, {args.steps} steps, batch {args.batch_size}, seeds {list(seeds)}")
+    t0 = time.time()
+    with jax.default_matmul_precision("highest"):
+        report = third_party.diagnose(
+            variants,
+            width=args.width,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            lrs=lrs,
+            seeds=seeds,
+            out=args.out,
+            progress=not args.no_progress,
+        )
+    for name, r in report.items():
+        cells = "  ".join(f"{lr:.3g}: {v:.4f}" for lr, v in zip(r["lrs"], r["loss"]))
+        print(f"  {name:18s} best {r['best_loss']:.4f} at {r['best_lr']:.3g}   ({cells})")
+    elapsed = time.time() - t0
+    print(f"\n({elapsed:.0f} s)")
+    cli.write_json(
+        args.json,
+        {
+            "benchmark": "third_party_lm",
+            "study": "mup_adamw",
+            "report": report,
+            "seconds": elapsed,
+            "environment": cli.environment(),
+        },
+    )
+    return report
+
+
 def main(argv=None):
     p = cli.parser(__doc__.split("\n\n")[0])
     p.add_argument("--preset", default=None, choices=sorted(third_party.PRESETS))
     p.add_argument("--models", default=None, help="tied,untied (default: the preset's)")
     p.add_argument("--setups", default=None, help=f"of {list(third_party.SETUPS)} (default: the preset's)")
     p.add_argument("--seeds", type=int, default=None)
+    p.add_argument("--framework", default="linen", choices=("linen", "nnx"), help="the Linen or the NNX model")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--study", default="recipe", choices=("recipe", "mup_adamw"))
+    p.add_argument("--variants", default="tied_path,adamw", help="--study mup_adamw: of MUP_VARIANTS")
+    p.add_argument("--width", type=int, default=128, help="--study mup_adamw: the target's width")
+    p.add_argument("--steps", type=int, default=300, help="--study mup_adamw: the target's steps")
+    p.add_argument("--batch-size", type=int, default=32, help="--study mup_adamw: the target's batch")
+    p.add_argument("--lrs", default="*=0.008:0.016:0.032;adamw=0.002:0.004:0.008", help="--study mup_adamw")
     args = p.parse_args(argv)
+    if args.study == "mup_adamw":
+        return diagnose_main(args)
     preset = "quick" if args.quick else (args.preset or "full")
     cfg = third_party.PRESETS[preset]
     setups = args.setups.split(",") if args.setups else None
@@ -64,6 +117,7 @@ def main(argv=None):
             seeds=seeds,
             tag="/quick" if preset == "quick" else "",
             progress=not args.no_progress,
+            framework=args.framework,
         )
     print_report(report)
     elapsed = time.time() - t0
@@ -73,6 +127,7 @@ def main(argv=None):
         {
             "benchmark": "third_party_lm",
             "preset": preset,
+            "framework": args.framework,
             "config": dict(cfg),
             "report": report,
             "seconds": elapsed,

@@ -110,3 +110,37 @@ def test_the_fixture_is_nanodos_shape_and_the_spectral_setup_reinitializes():
     untied = third_party.TransformerDo(third_party.config(32, data, tied=False, blocks=2))
     head = untied.init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))["params"]["head"]["kernel"]
     assert head.value.shape == (32, 256)
+
+
+@pytest.mark.parametrize("tied,setup", [(True, "muon"), (False, "adamw")])
+def test_the_nnx_model_is_the_linen_model(tied, setup):
+    # The NNX fixture with the Linen fixture's parameters (paths blocks_i/... -> blocks/i/...) gives the same logits
+    # through make_model's apply, the tied read-out multiplier (muon's tied path: c / d) included.
+    import jax
+    from flax import linen as nn
+    from flax import nnx
+
+    from spectral_optax import lab
+
+    data = lab.load("text", context=16, sequence=True)
+    x, _ = data.numpy_batch("train", np.arange(4))
+    kw = dict(tied=tied, blocks=2, setup=third_party.SETUPS[setup])
+    linen, _ = third_party.make_model(32, data, **kw)
+    model, geometry = third_party.make_model(32, data, framework="nnx", **kw)
+    params = nn.unbox(linen.init(jax.random.key(0)))
+    flat = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        key = tuple(str(p.key) for p in path)
+        if key[0].startswith("blocks_"):
+            key = ("blocks", int(key[0].split("_")[1]), *key[1:])
+        flat[key] = leaf
+    state = model.init(jax.random.key(1))
+
+    def fill(tree, prefix=()):
+        return {k: fill(v, (*prefix, k)) if isinstance(v, dict) else flat.pop((*prefix, k)) for k, v in tree.items()}
+
+    nnx.replace_by_pure_dict(state, fill(state.to_pure_dict()))
+    assert not flat  # every Linen parameter has its NNX twin
+    np.testing.assert_allclose(model.apply(state, x), linen.apply(params, x), rtol=1e-5, atol=1e-5)
+    roles = {r["path"]: r["kind"] for r in so.describe(state, geometry, print_table=False)}
+    assert roles["embed/embedding"] == ("embedding/output" if tied else "embedding")

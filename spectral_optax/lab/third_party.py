@@ -42,6 +42,7 @@ from spectral_optax import transfer as st
 from spectral_optax.lab._data import load
 from spectral_optax.lab._models import Model, loss_for
 from spectral_optax.lab._nanodo import CausalAttn, DoConfig, Mlp, TBlock, TransformerDo
+from spectral_optax.lab._nanodo_nnx import TransformerDoNNX
 from spectral_optax.lab._registry import optimizer as registry
 from spectral_optax.lab._regret import regret
 from spectral_optax.lab._summary import summarize
@@ -57,6 +58,8 @@ __all__ = [
     "Setup",
     "TBlock",
     "TransformerDo",
+    "MUP_VARIANTS",
+    "diagnose",
     "make_model",
     "optimizer_factory",
     "run",
@@ -150,34 +153,65 @@ def config(width: int, data, *, tied: bool, blocks: int) -> DoConfig:
     return DoConfig(D=width, H=max(1, width // 16), L=data.context, N=blocks, V=256, F=4 * width, tied=tied)
 
 
-def make_model(width: int, data, *, tied: bool, blocks: int, setup: Setup) -> tuple[Model, so.GeometryMap]:
-    """``(lab.Model, geometry)`` of :class:`TransformerDo` at ``width`` as ``setup`` trains it.
+def make_model(
+    width: int, data, *, tied: bool, blocks: int, setup: Setup, framework: str = "linen"
+) -> tuple[Model, so.GeometryMap]:
+    """``(lab.Model, geometry)`` of :class:`TransformerDo` (``framework='linen'``) or :class:`TransformerDoNNX`
+    (``'nnx'``; params: its ``nnx.State`` of ``nnx.Param``) at ``width`` as ``setup`` trains it.
 
     ``init='own'``: the module's init and apply, untouched. ``'spectral'``: params redrawn by
-    ``so.initializers.reinitialize(..., embedding_std=s)`` from ``so.GeometryMap.from_linen``'s trace and, when
-    tied, every apply inside ``so.initializers.tied_readout(c / d)``.
+    ``so.initializers.reinitialize(..., embedding_std=s)`` from the traced geometry
+    (``so.GeometryMap.from_linen`` / ``from_nnx``) and, when tied, the read-out multiplier ``c / d``
+    (``so.initializers.tied_readout`` around every apply; NNX: ``tied_readout_nnx`` on the module).
     """
-    module = TransformerDo(config(width, data, tied=tied, blocks=blocks))
+    if framework not in ("linen", "nnx"):
+        raise ValueError(f"make_model: framework must be 'linen' or 'nnx', got {framework!r}")
+    cfg = config(width, data, tied=tied, blocks=blocks)
     x = jnp.asarray(data.numpy_batch("train", [0])[0])
-    geometry = so.GeometryMap.from_linen(module, x)
     per_example = loss_for("xent")
-    mult = None
-    if setup.init == "spectral" and tied:
-        shapes = jax.eval_shape(lambda k: module.init(k, x)["params"], jax.random.key(0))
-        mult = so.initializers.tied_readout_multiplier(shapes, geometry, base_width=setup.c)
+    spectral_tied = setup.init == "spectral" and tied
+    if framework == "nnx":
+        from flax import nnx
+
+        # NNX shards a variable with sharding metadata when it is created, which needs a mesh: no FSDP names here.
+        cfg = dataclasses.replace(cfg, fsdp_enabled=False)
+        template = TransformerDoNNX(cfg, rngs=nnx.Rngs(0))
+        geometry = so.GeometryMap.from_nnx(template, x)
+        if spectral_tied:
+            shapes = jax.eval_shape(lambda: nnx.state(template, nnx.Param))
+            m = so.initializers.tied_readout_multiplier(shapes, geometry, base_width=setup.c)
+            so.initializers.tied_readout_nnx(template, m)
+        graphdef = nnx.graphdef(template)
+
+        def own_init(key):
+            return nnx.state(TransformerDoNNX(cfg, rngs=nnx.Rngs(params=key)), nnx.Param)
+
+        def apply(params, x):
+            return nnx.merge(graphdef, params)(x)
+
+    else:
+        module = TransformerDo(cfg)
+        geometry = so.GeometryMap.from_linen(module, x)
+        mult = None
+        if spectral_tied:
+            shapes = jax.eval_shape(lambda k: module.init(k, x)["params"], jax.random.key(0))
+            mult = so.initializers.tied_readout_multiplier(shapes, geometry, base_width=setup.c)
+
+        def own_init(key):
+            return module.init(key, x)["params"]
+
+        def apply(params, x):
+            if mult is None:
+                return module.apply({"params": params}, x)
+            with so.initializers.tied_readout(mult):
+                return module.apply({"params": params}, x)
 
     def init(key):
         k_own, k_new = jax.random.split(key)
-        params = module.init(k_own, x)["params"]
+        params = own_init(k_own)
         if setup.init == "own":
             return params
         return so.initializers.reinitialize(k_new, params, geometry, embedding_std=setup.s, warn_tied=False)
-
-    def apply(params, x):
-        if mult is None:
-            return module.apply({"params": params}, x)
-        with so.initializers.tied_readout(mult):
-            return module.apply({"params": params}, x)
 
     def loss(params, x, y):
         return jnp.mean(per_example(apply(params, x), y))
@@ -237,8 +271,10 @@ def run(
     seeds: Sequence[int] | None = None,
     tag: str = "",
     progress: bool = True,
+    framework: str = "linen",
 ) -> dict:
-    """Run the recipe of ``preset`` (a :data:`PRESETS` entry); resumable (``OUT/third_party_lm.jsonl``).
+    """Run the recipe of ``preset`` (a :data:`PRESETS` entry) on the Linen or the NNX model (``framework``);
+    resumable (``OUT/third_party_lm.jsonl``).
 
     Returns ``{model: {setup: {'proxy': {...}, 'targets': {width: {...}}}}}``; a target's entry holds
     ``proxy_lr``, ``lr`` (transferred), ``lr_factor``, ``naive_lr``, ``grid``, ``best_lr`` (refined),
@@ -267,7 +303,9 @@ def run(
 
         def built(width, setup, tied=tied, cache=cache):
             if (width, setup) not in cache:
-                cache[width, setup] = make_model(width, data, tied=tied, blocks=blocks, setup=SETUPS[setup])
+                cache[width, setup] = make_model(
+                    width, data, tied=tied, blocks=blocks, setup=SETUPS[setup], framework=framework
+                )
             return cache[width, setup]
 
         def train(name, width, steps, batch, lrs, built=built, model_name=model_name):
@@ -285,7 +323,7 @@ def run(
                 seeds=seeds,
                 results=results,
                 name=name,
-                tag=f"{model_name}/ctx{context}/N{blocks}{tag}",
+                tag=f"{model_name}/ctx{context}/N{blocks}{'' if framework == 'linen' else '/' + framework}{tag}",
                 size_name="width",
                 eval_examples=preset["eval_examples"],
                 schedule="warmup_cosine",
@@ -357,4 +395,86 @@ def run(
                 tr["vs_adamw"] = tr["loss"] - ref
                 tr["best_vs_adamw"] = tr["best_loss"] - ref
         report[model_name] = rows
+    return report
+
+
+#: ``mup_adamw``'s diagnosis (issue 50, item 2): the guide's tied path with one candidate changed at a time, at
+#: one target, beside the baseline. ``own_init``: ``mup_adamw``'s per-layer LRs on the model's own init (no
+#: ``reinitialize``, no read-out multiplier, ``r = 1``); ``own_tables_at_{D}``: Parametrization 1 for the
+#: matrices but the tables at the model's own ``N(0, 1 / D)`` and no read-out multiplier (``c = D``,
+#: ``s = D^-1/2``; only meaningful at width ``D``); ``r1`` / ``r4``: the tables' LR multiplier; ``c1`` / ``c16``:
+#: the read-out's constant; ``wd0``: no weight decay; ``eps1e-12``: Adam's epsilon.
+MUP_VARIANTS: Mapping[str, Setup] = {
+    "tied_path": SETUPS["mup_adamw"],
+    BASELINE: SETUPS[BASELINE],
+    "own_init": Setup("mup_adamw", init="own"),
+    "r1": dataclasses.replace(SETUPS["mup_adamw"], r=1.0),
+    "r4": dataclasses.replace(SETUPS["mup_adamw"], r=4.0),
+    "c1": dataclasses.replace(SETUPS["mup_adamw"], c=1.0),
+    "c16": dataclasses.replace(SETUPS["mup_adamw"], c=16.0),
+    "wd0": dataclasses.replace(SETUPS["mup_adamw"], options={"weight_decay": 0.0}),
+    "eps1e-12": dataclasses.replace(SETUPS["mup_adamw"], options={"eps": 1e-12}),
+    **{
+        f"own_tables_at_{d}": dataclasses.replace(SETUPS["mup_adamw"], c=float(d), s=d**-0.5)
+        for d in (32, 64, 128, 256)
+    },
+}
+
+
+def diagnose(
+    variants: Sequence[str],
+    *,
+    width: int,
+    steps: int,
+    batch_size: int,
+    lrs: Mapping[str, Sequence[float]],
+    seeds: Sequence[int] = (0,),
+    base_width: int = 32,
+    context: int = 64,
+    blocks: int = 2,
+    tied: bool = True,
+    out: str | os.PathLike = "out",
+    progress: bool = True,
+) -> dict:
+    """Train each of :data:`MUP_VARIANTS` ``variants`` at one target over its LRs (``lrs[variant]``, or
+    ``lrs['*']``); ``mup_adamw``'s ``base`` is the model at ``base_width``. Returns ``{variant: {'lrs', 'loss'
+    (seed mean per LR), 'per_seed', 'best_lr', 'best_loss'}}``; resumable (``OUT/third_party_lm_diagnose.jsonl``).
+    """
+    data = load("text", context=context, sequence=True)
+    results = os.path.join(os.fspath(out), "third_party_lm_diagnose.jsonl")
+    report = {}
+    for name in variants:
+        setup = MUP_VARIANTS[name]
+        model, geometry = make_model(width, data, tied=tied, blocks=blocks, setup=setup)
+        base = make_model(base_width, data, tied=tied, blocks=blocks, setup=setup)[0].shapes()
+        grid = [float(x) for x in lrs.get(name, lrs.get("*", ()))]
+        runs = sweep(
+            lambda n, model=model: model,
+            optimizer_factory(setup, lambda n, geometry=geometry: geometry, base),
+            [width],
+            grid,
+            data,
+            steps=steps,
+            batch_size=batch_size,
+            seeds=seeds,
+            results=results,
+            name=name,
+            tag=f"{'tied' if tied else 'untied'}/ctx{context}/N{blocks}/base{base_width}",
+            size_name="width",
+            eval_examples=256,
+            schedule="warmup_cosine",
+            progress=progress,
+        ).runs
+        loss = _seed_mean(runs, grid)
+        i = int(np.argmin(loss))
+        report[name] = {
+            "lrs": grid,
+            "loss": loss,
+            "per_seed": {
+                int(sd): _seed_mean([r for r in runs if r["seed"] == sd], grid)
+                for sd in sorted({r["seed"] for r in runs})
+            },
+            "best_lr": grid[i],
+            "best_loss": loss[i],
+        }
     return report
