@@ -28,6 +28,7 @@ warm-up + cosine (:func:`spectral_optax.lab.warmup_cosine`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -252,7 +253,7 @@ def _seed_mean(runs, lrs) -> list[float]:
     return out
 
 
-def _edge_move(losses: Sequence[float], lo: int, hi: int, points: int) -> tuple[int, int] | None:
+def _edge_move(losses: Sequence[float], lo: float, hi: float, points: int) -> tuple[float, float] | None:
     """The grid's new index range when its best point is on an edge (``points`` more on that side), else None."""
     i = int(np.argmin(losses)) if any(math.isfinite(v) for v in losses) else -1
     if i == 0:
@@ -367,7 +368,7 @@ def run(
                     moved = _edge_move(_seed_mean(truns, tgrid), klo, khi, 2)
                     if moved is None or attempt == int(preset["moves"]):
                         break
-                    klo, khi = moved
+                    klo, khi = int(moved[0]), int(moved[1])
                 at = regret(truns, lr, grid=tgrid, reference="all")
                 naive = regret(truns, lr0, grid=tgrid, reference="all")
                 rows[name]["targets"][target.width] = {
@@ -421,6 +422,10 @@ MUP_VARIANTS: Mapping[str, Setup] = {
 }
 
 
+def _constant(value, size):
+    return value
+
+
 def diagnose(
     variants: Sequence[str],
     *,
@@ -449,8 +454,8 @@ def diagnose(
         base = make_model(base_width, data, tied=tied, blocks=blocks, setup=setup)[0].shapes()
         grid = [float(x) for x in lrs.get(name, lrs.get("*", ()))]
         runs = sweep(
-            lambda n, model=model: model,
-            optimizer_factory(setup, lambda n, geometry=geometry: geometry, base),
+            functools.partial(_constant, model),
+            optimizer_factory(setup, functools.partial(_constant, geometry), base),
             [width],
             grid,
             data,
