@@ -98,8 +98,9 @@ class Setup:
 BASELINE = "adamw"
 #: The setups: the guide's tied path with its starting constants (docs/guide.md, "A tied read-out": ``muon``
 #: c / r / s = 4 / 4 / 0.25, ``mup_adamw`` 4 / 16 / 1, ``moga`` 4 / 4 / 0.5 with ``base_factor=1`` and Adam on
-#: the tables, norm scales and biases); ``muon_own``: Muon on the model's own init, nothing else; ``adamw``:
-#: the baseline. On the untied model ``c`` has no read-out to act on (the head is a matrix).
+#: the tables, norm scales and biases); ``muon_own``: Muon on the model's own init, nothing else;
+#: ``mup_adamw_own``: ``mup_adamw``'s per-layer LRs on the model's own init, nothing else; ``adamw``: the
+#: baseline. On the untied model ``c`` has no read-out to act on (the head is a matrix).
 SETUPS: Mapping[str, Setup] = {
     "muon": Setup("muon", c=4.0, r=4.0, s=0.25),
     "muon_own": Setup("muon_own", init="own"),
@@ -112,6 +113,8 @@ SETUPS: Mapping[str, Setup] = {
         options={"base_factor": 1.0, "rules": {r"(embedding|scale|bias)$": "adam"}},
         center_scale=4.0,  # the registry's centre is for base_factor 25; 1 wants about sqrt(25) = 5x
     ),
+    # issue 50's diagnosis at width 128 (docs/benchmarks.md): muP's per-layer LRs on the model's own init
+    "mup_adamw_own": Setup("mup_adamw", init="own"),
     BASELINE: Setup("adamw_sp", init="own"),
 }
 
