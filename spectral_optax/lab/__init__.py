@@ -62,12 +62,15 @@ The benchmarks' shared command line, JSON writer and environment record are
 :mod:`spectral_optax.lab.cli` (``from spectral_optax.lab import cli``); the depth studies on real
 architectures (forms, sweeps, figures, report) are :mod:`spectral_optax.lab.depth`; the tied-embedding study's
 model, Theta(1) constants and optimizers are :mod:`spectral_optax.lab.tied`; the pod-scale trees and layouts
-are :mod:`spectral_optax.lab.pod`.
+are :mod:`spectral_optax.lab.pod`; the whole recipe (tune at a proxy, ``so.transfer``, sweep the target) on a
+nanodo-style decoder the package did not write, judged against ``optax.adamw`` on the model's own init, is
+:mod:`spectral_optax.lab.third_party`.
 """
 
 from spectral_optax.lab import cli as cli
 from spectral_optax.lab import depth as depth
 from spectral_optax.lab import pod as pod
+from spectral_optax.lab import third_party as third_party
 from spectral_optax.lab import tied as tied
 from spectral_optax.lab._data import (
     DataError,
