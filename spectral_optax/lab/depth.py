@@ -208,9 +208,9 @@ def run_sweeps(
                 beyond = edge_extensions(runs, ratio)
                 if not beyond:
                     break
-                for depth, lr in beyond:
+                for depth in sorted({d for d, _ in beyond}):  # one sweep (one compile) per depth
                     k = extra_seeds if depth in extra_depths else seeds
-                    runs += run([depth], [lr], max(k, seeds))
+                    runs += run([depth], [lr for d, lr in beyond if d == depth], max(k, seeds))
             res = SweepResult(name=key, runs=runs, size_name="depth", path=results_path)
             results[key] = res
             both = res.summaries()
