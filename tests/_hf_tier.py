@@ -250,9 +250,8 @@ def is_base_model(class_name: str) -> bool:
 
 
 def _path(path) -> str:
-    from spectral_optax._geometry import path_str
-
-    return path_str(path)
+    """The '/'-joined key path of a leaf, as ``GeometryMap``'s leaf names."""
+    return "/".join(str(next((getattr(k, a) for a in ("key", "name", "idx") if hasattr(k, a)), k)) for k in path)
 
 
 def geometry_checks(model, params, x) -> dict:

@@ -21,7 +21,6 @@ import optax
 import pytest
 
 import spectral_optax as so
-from spectral_optax import _depth as depth
 from spectral_optax.nn import linen as snn
 
 K = 8  # blocks; alpha = 2 / 8 = 0.25
@@ -49,7 +48,7 @@ def _forms():
     absorbed = snn.ResidualMLP(WIDTH, K, D_OUT, absorbed=True)  # h + f(h), dense_1 init * alpha
     x, _, _ = _problem()
     p_exp = jax.jit(explicit.init)(jax.random.key(0), x)["params"]
-    p_abs = depth.depth_scaled_init(p_exp, K)
+    p_abs = so.depth_scaled_init(p_exp, K)
     return explicit, p_exp, absorbed, p_abs
 
 
@@ -256,10 +255,10 @@ def test_decay_before_the_transform_is_wrong():
 # Unit checks against hand-computed numbers.
 # --------------------------------------------------------------------------
 def test_residual_alpha_and_errors():
-    assert depth.residual_alpha(64) == 2 / 64
-    assert depth.residual_alpha(8, base_blocks=4) == 0.5
+    assert so.residual_alpha(64) == 2 / 64
+    assert so.residual_alpha(8, base_blocks=4) == 0.5
     with pytest.raises(ValueError):
-        depth.residual_alpha(0)
+        so.residual_alpha(0)
     with pytest.raises(ValueError, match="optimizer_kind"):
         so.depth_residual_scale(4, optimizer_kind="adam")
 

@@ -19,7 +19,6 @@ from _nn_reference import randomize as _randomize
 from flax import nnx
 
 import spectral_optax as so
-from spectral_optax import _depth as depth
 from spectral_optax.nn import linen as L
 from spectral_optax.nn import nnx as N
 
@@ -79,7 +78,7 @@ def test_linen_unrolled_equals_scanned():
                                rtol=1e-5, atol=1e-6)
     # The branch pattern finds the last layer of every unrolled block too.
     chosen = [path for path, _ in so.GeometryMap().leaves(pu)
-              if re.search(depth.BRANCH_OUT_PATTERN, path)]
+              if re.search(so.expert.BRANCH_OUT_PATTERN, path)]
     assert sorted(chosen) == sorted(f"blocks_{k}/dense_1/{n}" for k in range(K)
                                     for n in ("bias", "kernel"))
 
@@ -132,7 +131,7 @@ def test_nnx_residual_mlp_matches_numpy_and_linen_paths():
     me = N.ResidualMLP(D_IN, WIDTH, K, D_OUT, rngs=nnx.Rngs(1))
     ma = N.ResidualMLP(D_IN, WIDTH, K, D_OUT, absorbed=True, rngs=nnx.Rngs(1))
     sa = nnx.state(ma, nnx.Param)
-    scaled = depth.depth_scaled_init(nnx.state(me, nnx.Param), K)
+    scaled = so.depth_scaled_init(nnx.state(me, nnx.Param), K)
     for a, b in zip(jax.tree_util.tree_leaves(sa), jax.tree_util.tree_leaves(scaled)):
         np.testing.assert_allclose(_np(a), _np(b), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(_np(ma(_x())), _np(me(_x())), rtol=1e-5, atol=1e-6)
@@ -152,7 +151,7 @@ def test_linen_transformer_causal_branches_and_geometry():
     np.testing.assert_allclose(out2[:, :3], out[:, :3], rtol=1e-5, atol=1e-5)
     assert float(np.abs(out2[:, 3:] - out[:, 3:]).max()) > 1e-4
     chosen = sorted(path for path, _ in so.GeometryMap().leaves(p)
-                    if re.search(depth.BRANCH_OUT_PATTERN, path))
+                    if re.search(so.expert.BRANCH_OUT_PATTERN, path))
     assert chosen == ["blocks/attn/out/bias", "blocks/attn/out/kernel",
                       "blocks/mlp/dense_1/bias", "blocks/mlp/dense_1/kernel"]
     geoms = dict(so.GeometryMap.from_linen(m, tokens).leaves(p))
@@ -161,7 +160,7 @@ def test_linen_transformer_causal_branches_and_geometry():
     assert geoms["blocks/ln_attn/scale"].batch_axes == (0,)
     # Absorbed form == explicit form at init.
     ma = L.Transformer(13, 16, K, num_heads=2, max_len=8, absorbed=True)
-    pa = depth.depth_scaled_init(p, K)
+    pa = so.depth_scaled_init(p, K)
     np.testing.assert_allclose(_apply(ma, pa, tokens), out, rtol=1e-4, atol=1e-5)
 
 
@@ -175,7 +174,7 @@ def test_nnx_transformer_causal_and_paths():
     np.testing.assert_allclose(out2[:, :3], out[:, :3], rtol=1e-5, atol=1e-5)
     state = nnx.state(m, nnx.Param)
     geoms = dict(so.as_geometry_map(m).leaves(state))
-    chosen = sorted(p for p in geoms if re.search(depth.BRANCH_OUT_PATTERN, p))
+    chosen = sorted(p for p in geoms if re.search(so.expert.BRANCH_OUT_PATTERN, p))
     assert chosen == ["blocks/attn/out/bias", "blocks/attn/out/kernel",
                       "blocks/mlp/dense_1/bias", "blocks/mlp/dense_1/kernel"]
     assert geoms["blocks/attn/query/kernel"].batch_axes == (0,)

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import pytest
 
 import spectral_optax as so
-from spectral_optax._distributed.plan import FLOPS_PER_BYTE_BY_KIND
 from tests.test_sharding import CLOSE, run_script
 
 # float64 NumPy reference of the quintic iteration (independent of spectral_optax's code).
@@ -122,9 +121,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import spectral_optax as so
 from spectral_optax.expert import MUON_QUINTIC
 from spectral_optax.lab.cli import collective_bytes
-from spectral_optax._distributed.plan import FLOPS_PER_BYTE_BY_KIND
 
-H100 = FLOPS_PER_BYTE_BY_KIND["h100"]  # the plan of an H100 pod (host CPU devices plan as a CPU cluster)
+H100 = 989e12 / 450e9  # an H100 pod's plan (bfloat16 peak over NVLink per direction; host CPU devices plan as a CPU cluster)
 shapes = {"b0": (64, 2048), "b1": (64, 2048), "b2": (64, 2048), "b3": (2048, 64),
           "up0": (64, 8192), "up1": (64, 8192), "down0": (8192, 64)}
 keys = iter(jax.random.split(jax.random.key(0), 8))
@@ -294,9 +292,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 import spectral_optax as so
 from spectral_optax.expert import MUON_QUINTIC
 from spectral_optax.lab.cli import collective_bytes
-from spectral_optax._distributed.plan import FLOPS_PER_BYTE_BY_KIND
 
-H100 = FLOPS_PER_BYTE_BY_KIND["h100"]
+H100 = 989e12 / 450e9  # an H100 pod's plan
 shapes = {"b0": (64, 2048), "b1": (64, 2048), "b2": (2048, 64), "b3": (2048, 64),
           "up0": (64, 8192), "up1": (64, 8192), "down0": (8192, 64)}
 keys = iter(jax.random.split(jax.random.key(0), 8))
@@ -420,7 +417,7 @@ def test_printed_plan_of_a_pod_sized_tree():
             }
         )
     tree["lm_head"] = {"kernel": jax.ShapeDtypeStruct((d, v), jnp.float32)}
-    h100 = FLOPS_PER_BYTE_BY_KIND["h100"]  # an H100 pod's plan (the default is this host's figure)
+    h100 = 989e12 / 450e9  # an H100 pod's plan: bfloat16 peak over NVLink per direction (the default is this host's figure)
     plan = so.expert.orthogonalization_plan(
         tree, devices=64, geometry={r"lm_head/kernel$": {"kind": "matrix"}}, flops_per_byte=h100
     )
@@ -454,7 +451,7 @@ def test_printed_plan_of_a_pod_sized_tree():
     # blocks, which no group fits; the pack in 4 blocks still costs less than the two groups alone
     # (same flops, 40 instead of 160 MiB of Gram all-reduces): the plan must find it (issue 47: the
     # traffic doubled when only each group's own split was tried).
-    cpu = FLOPS_PER_BYTE_BY_KIND["cpu"]
+    cpu = 7.4e12 / 25e9  # a CPU cluster's plan: a 96-core socket's float32 peak over a 200 Gbit/s NIC
     plan = so.expert.orthogonalization_plan(
         tree, devices=256, geometry={r"lm_head/kernel$": {"kind": "matrix"}}, flops_per_byte=cpu
     )
