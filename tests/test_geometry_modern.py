@@ -17,7 +17,18 @@ import numpy as np
 import pytest
 from _nn_reference import randomize
 from flax import nnx
-from test_trace_geometry import E, M, V, check_muon_matches_truth, check_plain, check_truth, muon_step, summary, t
+from test_trace_geometry import (
+    E,
+    M,
+    V,
+    check_muon_matches_truth,
+    check_plain,
+    check_truth,
+    muon_step,
+    nnx_gemma_truth,
+    summary,
+    t,
+)
 
 import spectral_optax as so
 from spectral_optax import Geometry, GeometryMap
@@ -113,15 +124,7 @@ def test_rope_cut_of_the_head_dim_is_not_a_fused_split_but_q_k_v_blocks_are():
 def test_nnx_gemma_rope_and_the_hint_never_merges_k_and_v_silently():
     model = F.NNXGemmaRope(nnx.Rngs(0))
     state = nnx.state(model, nnx.Param)
-    truth = {"embedder/embedding": t(E, (0,), (1,), role="output"), "final_norm/scale": t(V, (), (0,))}
-    for i in range(2):
-        b = f"layers/{i}"
-        truth |= {
-            f"{b}/q_einsum/kernel": t(M, (1,), (0, 2)),
-            f"{b}/kv_einsum/kernel": t(M, (2,), (1, 3), (0,)),
-            f"{b}/attn_vec_einsum/kernel": t(M, (0, 1), (2,)),
-            f"{b}/pre_attention_norm/scale": t(V, (), (0,)),
-        }
+    truth = nnx_gemma_truth(mlp=False)
     gmap = GeometryMap.from_nnx(model, TOKENS, jnp.zeros((2, 8)))
     check_truth(state, gmap, truth)
     check_muon_matches_truth(state, gmap, truth)

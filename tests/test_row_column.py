@@ -103,23 +103,19 @@ def rand(shape, seed=0, dtype=np.float32):
 # ---------------------------------------------------------------------------
 # Agreement with the references.
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name", list(SHAPES))
-@pytest.mark.parametrize("p", P_VALUES)
-def test_row_norm_matches_reference(name, p):
-    shape = SHAPES[name][1]
-    g = rand(shape, seed=1)
-    got = leaf_of(name, apply(so.scale_by_row_norm(p), tree_for(name, jnp.asarray(g))))
-    want = ref_unslice([ref_row(m, p) for m in ref_slices(g, name)], name, shape)
-    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-5, atol=1e-7)
+# (transform, float64 reference, its exponent, seed): row norms over P_VALUES, column norms over Q_VALUES.
+NORM_CASES = [pytest.param(so.scale_by_row_norm, ref_row, p, 1, id=f"row-{p}") for p in P_VALUES] + [
+    pytest.param(so.scale_by_column_norm, ref_col, q, 2, id=f"col-{q}") for q in Q_VALUES
+]
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
-@pytest.mark.parametrize("q", Q_VALUES)
-def test_col_norm_matches_reference(name, q):
+@pytest.mark.parametrize("transform, reference, exponent, seed", NORM_CASES)
+def test_row_and_column_norms_match_reference(name, transform, reference, exponent, seed):
     shape = SHAPES[name][1]
-    g = rand(shape, seed=2)
-    got = leaf_of(name, apply(so.scale_by_column_norm(q), tree_for(name, jnp.asarray(g))))
-    want = ref_unslice([ref_col(m, q) for m in ref_slices(g, name)], name, shape)
+    g = rand(shape, seed=seed)
+    got = leaf_of(name, apply(transform(exponent), tree_for(name, jnp.asarray(g))))
+    want = ref_unslice([reference(m, exponent) for m in ref_slices(g, name)], name, shape)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-5, atol=1e-7)
 
 

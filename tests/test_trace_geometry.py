@@ -408,21 +408,30 @@ class NNXGemma(nnx.Module):
         return self.embedder.attend(self.final_norm(x))
 
 
-def test_gemma_nnx_einsum():
-    model = NNXGemma(nnx.Rngs(0))
-    state = nnx.state(model, nnx.Param)
+def nnx_gemma_truth(layers=2, mlp=True):
+    """The true geometry of an NNX Gemma (tied embedder, einsum attention; with ``mlp`` the gated MLP)."""
     truth = {"embedder/embedding": t(E, (0,), (1,), role="output"), "final_norm/scale": t(V, (), (0,))}
-    for i in range(2):
+    for i in range(layers):
         b = f"layers/{i}"
         truth |= {
             f"{b}/q_einsum/kernel": t(M, (1,), (0, 2)),
             f"{b}/kv_einsum/kernel": t(M, (2,), (1, 3), (0,)),
             f"{b}/attn_vec_einsum/kernel": t(M, (0, 1), (2,)),
-            f"{b}/gating/kernel": t(M, (1,), (2,), (0,)),
-            f"{b}/linear/kernel": t(M, (0,), (1,)),
             f"{b}/pre_attention_norm/scale": t(V, (), (0,)),
-            f"{b}/pre_ffw_norm/scale": t(V, (), (0,)),
         }
+        if mlp:
+            truth |= {
+                f"{b}/gating/kernel": t(M, (1,), (2,), (0,)),
+                f"{b}/linear/kernel": t(M, (0,), (1,)),
+                f"{b}/pre_ffw_norm/scale": t(V, (), (0,)),
+            }
+    return truth
+
+
+def test_gemma_nnx_einsum():
+    model = NNXGemma(nnx.Rngs(0))
+    state = nnx.state(model, nnx.Param)
+    truth = nnx_gemma_truth()
     gmap = GeometryMap.from_nnx(model, TOKENS)
     check_truth(state, gmap, truth)
     check_muon_matches_truth(state, gmap, truth)
