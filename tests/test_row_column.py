@@ -47,19 +47,20 @@ def ref_unslice(mats, name, shape):
     return mats[0].reshape(shape)
 
 
+def lp_dual(v, p):
+    """The unit-l_{p*} vector maximizing ``<v, d>``: ``sign(v) |v|^(p-1) / ||v||_p^(p-1)`` (``sign(v)`` for p = 1)."""
+    if p == 1:
+        return np.sign(v)
+    return np.sign(v) * np.abs(v) ** (p - 1) / np.sum(np.abs(v) ** p) ** ((p - 1) / p)
+
+
 def ref_row(g, p, fan_scaling=True):
     """(p,mean)->inf dual of one (d_in, d_out) matrix, column by column."""
     d_in, d_out = g.shape
     out = np.zeros_like(g)
     for i in range(d_out):
-        v = g[:, i]
-        if not np.any(v):
-            continue
-        if p == 1:
-            d = np.sign(v)
-        else:
-            d = np.sign(v) * np.abs(v) ** (p - 1) / np.sum(np.abs(v) ** p) ** ((p - 1) / p)
-        out[:, i] = d * (d_in ** (-1.0 / p) if fan_scaling else 1.0)
+        if np.any(g[:, i]):
+            out[:, i] = lp_dual(g[:, i], p) * (d_in ** (-1.0 / p) if fan_scaling else 1.0)
     return out
 
 
@@ -70,14 +71,8 @@ def ref_col(g, q):
     scale = (1.0 if math.isinf(q) else d_out ** (1.0 / q)) / d_in
     out = np.zeros_like(g)
     for j in range(d_in):
-        h = g[j]
-        if not np.any(h):
-            continue
-        if qs == 1:
-            d = np.sign(h)
-        else:
-            d = np.sign(h) * np.abs(h) ** (qs - 1) / np.sum(np.abs(h) ** qs) ** ((qs - 1) / qs)
-        out[j] = d * scale
+        if np.any(g[j]):
+            out[j] = lp_dual(g[j], qs) * scale
     return out
 
 
