@@ -18,8 +18,8 @@ import spectral_optax as so
 # private: a CPU host cannot show a GPU's behaviour through any public name; two seams simulate one (the
 # iteration's matmul, patched to round its operands to TF32; the platform, patched to 'gpu'). Everything
 # else is read through so / so.expert / so.diagnostics.
-import spectral_optax._duals.polar.iteration as ns_iteration
-import spectral_optax._duals.polar.policy as ns_policy
+import spectral_optax._duals.polar.iteration as ns_iteration  # private: its matmul, patched to round to TF32
+import spectral_optax._duals.polar.policy as ns_policy  # private: its platform, patched to "gpu"
 from spectral_optax import newton_schulz
 from spectral_optax.expert import (
     POWER3_COEFFICIENTS,
