@@ -1,11 +1,13 @@
 """QK-clip on the GPT: does Muon's max attention logit grow, and does ``so.qk_clip`` hold it at tau?
 
-The package's decoder (``spectral_optax.nn.linen.Transformer``, fused QKV, Parametrization-1
-init as in ``benchmarks.gpt_width``) with ``record_max_logits=True`` on byte-level next-byte
-prediction over the embedded text, trained by ``so.muon`` at a constant (high) learning rate,
-without and with ``so.qk_clip(tau)`` chained after it. Every step records the per-layer max
-logit (max over heads) of the batch; at the end, the weight-only bound
-``so.diagnostics.qk_logit_bound`` (inputs of RMS 1) next to the last step's real max logit.
+The package's decoder (``lab.gpt_family``'s: ``spectral_optax.nn.linen.Transformer``, fused QKV,
+Parametrization-1 init as in ``benchmarks.gpt_width``) with ``record_max_logits=True`` on byte-level
+next-byte prediction over the embedded text, trained by ``so.muon`` at a constant (high) learning
+rate, without and with ``so.qk_clip(tau)`` chained after it, every seed of a condition in one
+``lab.sweep`` (its init and data order; the logits go to the update through ``update_args``). Every
+step records the per-layer max logit (max over heads) of the batch (``step_metrics``); at the end
+(``final_metrics``), the weight-only bound ``so.diagnostics.qk_logit_bound`` (inputs of RMS 1) next to
+the trained parameters' real max logit on a fixed batch.
 
     python -m benchmarks.qk_clip [--lr 0.2] [--tau 20] [--steps 400] [--width 64] [--depth 2]
         [--seeds 2] [--context 64] [--batch-size 8] [--out DIR] [--json PATH]
@@ -33,10 +35,8 @@ import argparse
 import os
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import spectral_optax as so
 from spectral_optax import lab
@@ -47,63 +47,63 @@ WIDTH_SWEEP = {"widths": (32, 64, 128), "depth": 2, "context": 32, "batch_size":
                "seeds": 2}
 
 
-def run(data, *, width, depth, lr, tau, steps, seed, context, batch_size, clip):
-    model = so.nn.linen.Transformer(
-        vocab_size=data.num_outputs,
-        features=width,
-        num_blocks=depth,
-        num_heads=max(1, width // 16),
-        max_len=context,
-        qkv="fused",
-        record_max_logits=True,
-        kernel_init=lab.kernel_init("spectral", gain=1.0),
-        embedding_init=lab.embed_init("spectral"),
+def clip_runs(data, *, width, depth, lr, tau, steps, seeds, batch_size, clip):
+    """One record per seed (``lab.sweep``'s run record plus ``clip``, ``tau``, ``width``, ``depth``, ``loss``,
+    ``max_logit``, ``final_loss``, ``end_max_logit``, ``end_bound``) of ``so.muon(lr)`` at a constant LR on one
+    width of ``gpt_width``'s GPT family, without (``clip=False``) or with ``so.qk_clip(tau)`` chained after it.
+
+    Through ``lab.sweep`` (the seeds vmapped, its data order): the max logits of each step's forward pass go to
+    the update (``update_args``); ``max_logit`` is every step's per-layer max logit (max over heads,
+    ``step_metrics``); ``end_max_logit`` the trained parameters' per-layer max logit on a fixed batch of
+    ``batch_size`` evenly spaced training windows and ``end_bound`` their per-layer weight-only bound
+    ``so.diagnostics.qk_logit_bound`` (inputs of RMS 1) (``final_metrics``); ``loss`` every step's minibatch
+    loss; ``final_loss`` the mean of the last 5% of them (``lab.sweep``'s ``train_loss``)."""
+    family = lab.gpt_family(data, vary="width", depth=depth, init="spectral", record_max_logits=True)
+    model = family(width)
+    geometry = model.geometry(data.numpy_batch("train", [0])[0])
+    heads = max(1, width // 16)
+    xb, yb = (jnp.asarray(a) for a in data.numpy_batch("train", np.arange(batch_size) * (data.num_train // batch_size)))
+
+    def end_metrics(p):
+        _, ml = model.loss_with_aux(p, xb, yb)
+        bound = so.diagnostics.qk_logit_bound(p, geometry, num_heads=heads)["blocks/attn"]
+        return {"max_logit": ml["blocks/attn"].max(-1), "bound": bound.max(-1)}
+
+    res = lab.sweep(
+        family,
+        lambda lr: so.muon(lr, geometry=geometry),
+        [width],
+        [lr],
+        data,
+        steps=steps,
+        batch_size=batch_size,
+        seeds=seeds,
+        name=f"qk_clip({tau:g})" if clip else "muon",
+        tag=f"qk_clip/run/d{depth}",
+        size_name="width",
+        eval_examples=256,
+        curve_points=steps,
+        progress=False,
+        update_args=lambda ml: {"max_logits": ml},
+        step_metrics=lambda ml: {"max_logit": ml["blocks/attn"].max(-1)},
+        after_schedule=(lambda w: so.qk_clip(tau, geometry=geometry)) if clip else None,
+        final_metrics=lambda w: end_metrics,
     )
-    x0, _ = data.numpy_batch("train", np.zeros((batch_size,), np.int64))
-    params = model.init(jax.random.key(seed), jnp.asarray(x0))["params"]
-    geometry = so.GeometryMap.from_linen(model, jnp.asarray(x0))
-    opt = so.muon(lr, geometry=geometry)
-    if clip:
-        opt = optax.chain(opt, so.qk_clip(tau, geometry=geometry))
-    state = opt.init(params)
-
-    def loss_fn(p, x, y):
-        logits, inter = model.apply({"params": p}, x, mutable=["intermediates"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-        return loss, so.collect_max_logits(inter)
-
-    @jax.jit
-    def step(p, s, x, y):
-        (loss, ml), g = jax.value_and_grad(loss_fn, has_aux=True)(p, x, y)
-        u, s = opt.update(g, s, p, max_logits=ml)
-        return optax.apply_updates(p, u), s, loss, ml["blocks/attn"].max(axis=-1)
-
-    rng = np.random.default_rng(seed)
-    losses, maxlog = [], []
-    for _ in range(steps):
-        x, y = data.numpy_batch("train", rng.integers(0, data.num_train, batch_size))
-        params, state, loss, ml = step(params, state, jnp.asarray(x), jnp.asarray(y))
-        losses.append(float(loss))
-        maxlog.append(np.asarray(ml).tolist())
-    # Real max logit of the final params on a fixed batch, and the weight-only bound.
-    xb, yb = data.numpy_batch("train", np.arange(batch_size) * (data.num_train // batch_size))
-    _, ml_end = jax.jit(loss_fn)(params, jnp.asarray(xb), jnp.asarray(yb))
-    bound = so.diagnostics.qk_logit_bound(params, geometry, num_heads=max(1, width // 16))["blocks/attn"]
-    tail = max(1, steps // 20)
-    return {
-        "clip": clip,
-        "seed": seed,
-        "lr": lr,
-        "tau": tau,
-        "width": width,
-        "depth": depth,
-        "steps": steps,
-        "loss": losses,
-        "max_logit": maxlog,
-        "final_loss": float(np.mean(losses[-tail:])),
-        "end_max_logit": np.asarray(ml_end["blocks/attn"]).max(-1).tolist(),
-        "end_bound": np.asarray(bound).max(-1).tolist(),
-    }
+    return [
+        {
+            **r,
+            "clip": clip,
+            "tau": tau,
+            "width": width,
+            "depth": depth,
+            "loss": r["curve"],
+            "max_logit": r["step_metrics"]["max_logit"],
+            "final_loss": r["train_loss"],
+            "end_max_logit": r["final_metrics"]["max_logit"],
+            "end_bound": r["final_metrics"]["bound"],
+        }
+        for r in res.runs
+    ]
 
 
 def width_sweep_runs(data, cfg, *, lrs, tau, clip, results=None):
@@ -239,30 +239,31 @@ def main(argv=None):
     if args.width_sweep:
         return width_sweep(args)
     data = lab.text(context=args.context, sequence=True)
-    runs = []
     t0 = time.time()
-    for seed in range(args.seeds):
-        for clip in (False,) if args.no_clip_only else (False, True):
-            r = run(
-                data,
-                width=args.width,
-                depth=args.depth,
-                lr=args.lr,
-                tau=args.tau,
-                steps=args.steps,
-                seed=seed,
-                context=args.context,
-                batch_size=args.batch_size,
-                clip=clip,
-            )
-            m = np.asarray(r["max_logit"])
-            print(
-                f"seed {seed} clip={clip}: loss {r['final_loss']:.4f}; max logit step 1 {m[0].max():.2f}, "
-                f"peak {m.max():.2f}, last {m[-1].max():.2f}; end max logit {max(r['end_max_logit']):.2f}, "
-                f"bound {max(r['end_bound']):.1f} ({time.time() - t0:.0f}s)",
-                flush=True,
-            )
-            runs.append(r)
+    by_clip = {
+        clip: clip_runs(
+            data,
+            width=args.width,
+            depth=args.depth,
+            lr=args.lr,
+            tau=args.tau,
+            steps=args.steps,
+            seeds=list(range(args.seeds)),
+            batch_size=args.batch_size,
+            clip=clip,
+        )
+        for clip in ((False,) if args.no_clip_only else (False, True))
+    }
+    runs = [r for seed in range(args.seeds) for rs in by_clip.values() for r in rs if r["seed"] == seed]
+    for r in runs:
+        m = np.asarray(r["max_logit"], float)
+        print(
+            f"seed {r['seed']} clip={r['clip']}: loss {r['final_loss']:.4f}; max logit step 1 {m[0].max():.2f}, "
+            f"peak {np.nanmax(m):.2f}, last {m[-1].max():.2f}; end max logit {max(r['end_max_logit']):.2f}, "
+            f"bound {max(r['end_bound']):.1f}",
+            flush=True,
+        )
+    print(f"{len(runs)} runs: {time.time() - t0:.0f}s", flush=True)
     if not args.no_clip_only:
         os.makedirs(args.out, exist_ok=True)
         plot(runs, os.path.join(args.out, "qk_clip.png"))

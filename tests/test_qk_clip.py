@@ -274,19 +274,46 @@ def test_bf16_params_keep_dtype_and_errors():
 
 
 def test_guide_section_states_the_names_and_defaults():
-    """docs/guide.md, "QK-clip": the module names it lists are the ones found, the defaults it names hold."""
+    """docs/guide.md, "QK-clip": every module name it lists is found (near misses are not), the defaults it
+    names hold."""
     import inspect
     import pathlib
     import re
 
-    from spectral_optax._transforms import qk_clip as mod
-
     guide = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
     section = guide.split("## QK-clip (MuonClip)")[1].split("\n## ")[0]
     listed = section.split("found by name (")[1].split(")\nwith")[0]
-    names = set(re.findall(r"`([A-Za-z_]+)`", listed))
-    code = set(mod._QUERY + mod._KEY + mod._FUSED + mod._WEIGHT)
-    assert names == code, (sorted(names - code), sorted(code - names))
+    pairs = re.findall(r"`([A-Za-z_]+)`/`([A-Za-z_]+)`", listed.split("fused")[0])
+    fused = re.findall(r"`([A-Za-z_]+)`", listed.split("fused")[1].split(";")[0])
+    weights = re.findall(r"`([A-Za-z_]+)`", listed.split("kernel leaves")[1])
+    assert ("query", "key") in pairs and "qkv" in fused and weights == ["kernel", "w"], (pairs, fused, weights)
+    # every name listed is found: qk_clip scales that query kernel (heads over tau: sqrt(tau / S) = 1/2)
+    logits = {"attn": jnp.full((N,), 4.0)}
+
+    def clipped_query(p, query, w):
+        return np.asarray(optax.apply_updates(p, _clip(p, jax.tree.map(jnp.zeros_like, p), logits, 1.0))["attn"][query][w])
+
+    for w in weights:
+        for q, k in pairs:
+            einsum = q.endswith("einsum")  # Gemma: q (N, D, H), kv (2, K, D, H), leaves `w`; else (D, N H)
+            if einsum and w != "w":
+                continue
+            p = {"attn": {q: {w: _rand(1, *((N, D, H) if einsum else (D, N * H)))},
+                          k: {w: _rand(2, *((2, N, D, H) if einsum else (D, N * H)))}}}
+            np.testing.assert_allclose(clipped_query(p, q, w), 0.5 * np.asarray(p["attn"][q][w]), rtol=1e-6)
+        for f in fused:  # (D, 3D) q | k | v columns, Gemma's (3, N, D, H)
+            if f.endswith("einsum") and w != "w":
+                continue
+            p = {"attn": {f: {w: _rand(3, *((3, N, D, H) if f.endswith("einsum") else (D, 3 * D)))}}}
+            q_part = (lambda a: a[0]) if f.endswith("einsum") else (lambda a: a[:, :D])
+            np.testing.assert_allclose(q_part(clipped_query(p, f, w)), 0.5 * q_part(np.asarray(p["attn"][f][w])),
+                                       rtol=1e-6)
+    # The converse (no name found beyond the list) has no public probe short of guessing names: a few near
+    # misses are not found (the clip refuses logits it cannot place).
+    for q, k in (("query_proj", "key_proj"), ("Wq", "Wk"), ("to_q", "to_k")):
+        p = {"attn": {q: {"kernel": _rand(1, D, N * H)}, k: {"kernel": _rand(2, D, N * H)}}}
+        with pytest.raises(ValueError, match="no attention with query/key kernels"):
+            _clip(p, jax.tree.map(jnp.zeros_like, p), logits, 1.0)
     # "off by default": both Transformers record nothing unless asked
     assert so.nn.linen.Transformer.__dataclass_fields__["record_max_logits"].default is False
     assert inspect.signature(so.nn.nnx.Transformer.__init__).parameters["record_max_logits"].default is False
@@ -379,3 +406,68 @@ def test_qk_clip_on_an_explicit_one_device_mesh():
             got = out["attn"][side][leaf]
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
             assert jax.typeof(got).sharding.spec == jax.typeof(us["attn"][side][leaf]).sharding.spec
+
+
+def _one_window_data(context=8, vocab=13, seed=0):
+    """A 'sequence' dataset whose only training (and validation) window is one fixed byte string:
+    every batch lab.sweep samples is that window repeated, so the step's max logit is that window's."""
+    from spectral_optax import lab
+
+    stream = np.random.default_rng(seed).integers(0, vocab, context + 1).astype(np.uint8)
+    return lab.Dataset("one_window", (stream,), (stream,), 1, 1, vocab, (context,), "sequence", context)
+
+
+def _first_block_max_logits(p, x):
+    """float64 reference: per-head max |q.k| / sqrt(d_h) (causal) of block 0 of the package GPT (fused QKV,
+    layers stacked): LayerNorm(embed + pos) -> [q | k | v] = y W + b, heads of 16."""
+    p = {k: np.asarray(v, np.float64) for k, v in p.items()}
+    t = len(x)
+    h = p["embed"][x] + p["pos"][:t]
+    y = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-6) * p["ln_scale"] + p["ln_bias"]
+    qkv = (y @ p["qkv_kernel"] + p["qkv_bias"]).reshape(t, 3, -1, 16)
+    s = np.abs(np.einsum("tnh,snh->nts", qkv[:, 0], qkv[:, 1])) / 4.0
+    return np.where(np.tril(np.ones((t, t), bool)), s, 0).max(axis=(1, 2))
+
+
+def test_lab_sweep_records_the_max_logit_and_qk_clip_holds_it_at_tau():
+    """benchmarks.qk_clip through lab.sweep, on one fixed window at LR 0 (the update is the clip alone): the
+    per-step max logit recorded (``step_metrics``) equals the float64 forward of the run's own init; with
+    ``so.qk_clip(tau)`` fed the logits (``update_args``) and chained last (``after_schedule``), every later step
+    and the trained parameters (``final_metrics``) have each head at ``min(S^h, tau)``."""
+    from spectral_optax import lab
+
+    data = _one_window_data()
+    family = lab.gpt_family(data, vary="width", depth=1, init="spectral", record_max_logits=True)
+    geom = family(32).geometry(data.numpy_batch("train", [0])[0])
+    x = np.asarray(data.train[0][:-1], np.int64)
+
+    def leaves(p):
+        b = jax.tree.map(lambda a: a[0], p["blocks"])  # layer 0 of the stack
+        return {"embed": p["embed"]["embedding"], "pos": p["pos_embed"]["embedding"],
+                "ln_scale": b["ln_attn"]["scale"], "ln_bias": b["ln_attn"]["bias"],
+                "qkv_kernel": b["attn"]["qkv"]["kernel"], "qkv_bias": b["attn"]["qkv"]["bias"]}
+
+    def run(after):
+        (r,) = lab.sweep(
+            family, lambda lr: so.muon(lr, geometry=geom), [32], [0.0], data, steps=2, batch_size=2, chunks=1,
+            progress=False, eval_examples=1,
+            update_args=lambda ml: {"max_logits": ml},
+            step_metrics=lambda ml: {"max_logit": ml["blocks/attn"]},  # (layers, heads) per step
+            after_schedule=after,
+            final_metrics=lambda w: lambda p: {**leaves(p), "max_logit": family(w).loss_with_aux(
+                p, jnp.asarray(x)[None], jnp.asarray(data.train[0][1:], jnp.int32)[None])[1]["blocks/attn"]},
+        ).runs
+        return r, np.asarray(r["step_metrics"]["max_logit"], np.float64)[:, 0]  # (steps, heads)
+
+    plain, s_plain = run(None)
+    s0 = _first_block_max_logits(plain["final_metrics"], x)  # LR 0, no clip: the final params are the init
+    assert s0.shape == (2,)
+    np.testing.assert_allclose(s_plain, np.broadcast_to(s0, (2, 2)), rtol=1e-4)
+    tau = 0.5 * (s0.min() + s0.max()) if s0.max() > 1.2 * s0.min() else 0.7 * s0.min()
+    clipped, s_clip = run(lambda w: so.qk_clip(tau, geometry=geom))
+    expected = np.minimum(s0, tau)
+    np.testing.assert_allclose(s_clip[0], s0, rtol=1e-4)  # the same init and window, before any clip
+    np.testing.assert_allclose(s_clip[1:], np.broadcast_to(expected, (1, 2)), rtol=1e-4)
+    assert s_clip[1:].max() <= tau * (1 + 1e-4) and s0.max() > tau
+    np.testing.assert_allclose(np.asarray(clipped["final_metrics"]["max_logit"])[0], expected, rtol=1e-4)
+    np.testing.assert_allclose(_first_block_max_logits(clipped["final_metrics"], x), expected, rtol=1e-4)

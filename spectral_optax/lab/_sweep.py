@@ -113,6 +113,12 @@ def _json_float(x):
     return x if math.isfinite(x) else None
 
 
+def _json_array(a):
+    """A float, or nested lists of floats, of a scalar or array (non-finite: ``None``)."""
+    a = np.asarray(a)
+    return _json_float(a) if a.ndim == 0 else [_json_array(v) for v in a]
+
+
 def load_runs(path: str | os.PathLike | None) -> list[dict]:
     """Read a JSONL results file (missing file: no runs). Malformed lines (a
     run interrupted while writing) are skipped with a warning.
@@ -278,6 +284,7 @@ def _make_programs(
     update_args=None,
     step_metrics=None,
     after_schedule=None,
+    final_metrics=None,
 ):
     train = tuple(jnp.asarray(a) for a in data.train)
     val = tuple(jnp.asarray(a) for a in data.val)
@@ -289,6 +296,7 @@ def _make_programs(
             "(lab.Model.loss_with_aux; e.g. a Linen module with record_max_logits=True through lab.Model.from_linen)"
         )
     post = None if after_schedule is None else after_schedule(size)
+    final = None if final_metrics is None else final_metrics(size)
 
     def make_opt(lr):
         opt = _call_factory(optimizer, lr, size)
@@ -330,6 +338,9 @@ def _make_programs(
         x, y = data.batch(val, eval_idx)
         return model.loss(state[0], x, y).astype(jnp.float32)
 
+    def finish(state):
+        return {k: jnp.asarray(v, jnp.float32) for k, v in final(state[0]).items()}
+
     # With a mesh, every output keeps its run axis split over the devices: each device trains R/N runs.
     runs = (
         {} if mesh is None else {"out_shardings": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs"))}
@@ -337,7 +348,8 @@ def _make_programs(
     init_p = jax.jit(jax.vmap(init_run), **runs)
     chunk_p = jax.jit(jax.vmap(chunk, in_axes=(0, 0, None)), donate_argnums=(1,), **runs)
     eval_p = jax.jit(jax.vmap(evaluate), **runs)
-    return init_p, chunk_p, eval_p
+    final_p = None if final is None else jax.jit(jax.vmap(finish), **runs)
+    return init_p, chunk_p, eval_p, final_p
 
 
 def sweep(
@@ -364,6 +376,7 @@ def sweep(
     update_args: Callable[[Any], dict] | None = None,
     step_metrics: Callable[[Any], dict] | None = None,
     after_schedule: Callable | None = None,
+    final_metrics: Callable[[int], Callable[[Any], dict]] | None = None,
 ) -> SweepResult:
     """Train ``family(size)`` for every size x LR x seed; resumable.
 
@@ -411,15 +424,22 @@ def sweep(
         ``loss_with_aux`` recorded in that step's forward pass (e.g.
         ``lambda logits: {'max_logits': logits}`` for
         :func:`~spectral_optax.qk_clip`).
-      step_metrics: ``aux -> {name: scalar}``: recorded at every step of
-        every run (``step_metrics`` of the run record: ``{name: [one float
-        per step]}``). Like ``update_args``, it needs ``loss_with_aux``.
+      step_metrics: ``aux -> {name: scalar or array}``: recorded at every
+        step of every run (``step_metrics`` of the run record: ``{name: [one
+        value per step]}``, an array as nested lists, e.g. the max logit of
+        every layer). Like ``update_args``, it needs ``loss_with_aux``.
       after_schedule: ``size -> optax.GradientTransformation``, chained after the schedule's multiplier: a transform
         that must see the step as applied, such as
         :func:`~spectral_optax.qk_clip`, which rescales the query and key
         weights *after* their update (a multiplier after it would undo it).
         Like ``update_args``, it is not part of the resume key: give runs that
         differ in it their own ``name`` or ``tag``.
+      final_metrics: ``size -> (params -> {name: scalar or array})``:
+        evaluated once on every run's trained parameters (``final_metrics``
+        of the run record, arrays as nested lists), e.g. the max logit of a
+        fixed batch's forward pass or a weight-only bound. Not part of the
+        resume key either: a run read back from ``results`` keeps what it
+        recorded.
 
     Returns:
       a :class:`SweepResult` with every run of this configuration (recorded
@@ -451,7 +471,9 @@ def sweep(
         ]
         if missing:
             todo[size] = missing
-    step_options = dict(update_args=update_args, step_metrics=step_metrics, after_schedule=after_schedule)
+    step_options = dict(
+        update_args=update_args, step_metrics=step_metrics, after_schedule=after_schedule, final_metrics=final_metrics
+    )
     mesh = _run_mesh(devices)
     n_dev = 1 if mesh is None else mesh.devices.size
     writer = jax.process_index() == 0
@@ -475,7 +497,7 @@ def sweep(
                 bar.set_postfix_str(f"{size_name}={size}, runs={len(missing)}")
             t_start = time.time()
             model = family(size)
-            init_p, chunk_p, eval_p = _make_programs(
+            init_p, chunk_p, eval_p, final_p = _make_programs(
                 model, optimizer, size, data, batch_size, chunk_len, eval_idx, multiplier, mesh, **step_options
             )
             padded = missing + [missing[-1]] * (-len(missing) % n_dev)  # a multiple of the devices
@@ -498,6 +520,7 @@ def sweep(
                     bar.update(len(missing) * chunk_len)
             losses = np.concatenate(chunk_out, axis=1)
             val_losses = _to_host(eval_p(state))
+            finals = {} if final_p is None else {k: _to_host(v) for k, v in final_p(state).items()}
             elapsed = time.time() - t_start
             # Wall-clock seconds per training step of one run (its share of the
             # vmapped program, compilation excluded; from the first chunk if only one).
@@ -527,9 +550,11 @@ def sweep(
                 )
                 if metric_out and metric_out[0]:
                     rec["step_metrics"] = {
-                        k: [_json_float(v) for v in np.concatenate([m[k][j] for m in metric_out])]
+                        k: [_json_array(v) for v in np.concatenate([m[k][j] for m in metric_out])]
                         for k in metric_out[0]
                     }
+                if finals:
+                    rec["final_metrics"] = {k: _json_array(v[j]) for k, v in finals.items()}
                 if val_curve:
                     rec["val_curve_steps"] = [(c + 1) * chunk_len for c in range(n_chunks)]
                     rec["val_curve"] = [_json_float(v[j]) for v in val_points]
