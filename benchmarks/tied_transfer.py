@@ -269,9 +269,7 @@ def main(argv=None):
             **cfg,
         )
     print_report(report, cfg["widths"])
-    elapsed = time.time() - t0
-    print(f"\n({elapsed:.0f} s)")
-    cli.write_json(
+    cli.finish(
         args.json,
         {
             "benchmark": "tied_transfer",
@@ -291,9 +289,8 @@ def main(argv=None):
             "constants": {m: r["constants"] for m, r in report.items()},
             "tuning": {m: r["tuning"] for m, r in report.items()},
             "runs": {m: [x for res in r["results"].values() for x in res.runs] for m, r in report.items()},
-            "seconds": elapsed,
-            "environment": cli.environment(),
         },
+        t0,
     )
     return report
 
