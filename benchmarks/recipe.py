@@ -62,95 +62,46 @@ from spectral_optax import lab
 from spectral_optax import transfer as st
 from spectral_optax.lab import cli
 
+
+def _preset(proxy, targets, num_lrs, seeds=2, **extra):
+    return {"proxy": proxy, "targets": targets, "num_lrs": num_lrs, "seeds": seeds, **extra}
+
+
+def _study(width, depth, steps, batch, multiples, num_lrs, seeds=2, **extra):
+    shape = {"width": width, "depth": depth, "steps": steps, "batch": batch, "multiples": multiples}
+    return {**shape, "num_lrs": num_lrs, "seeds": seeds, **extra}
+
+
 #: Per model: presets of the recipe (proxy and targets as (width, depth, steps, batch); LR-grid points (x2);
 #: seeds; ``controls``, see ``lab.transfer_controls``), the single-rule studies, and the proxy's LR-grid centres.
 MODELS = {
     "mlp": {
         "presets": {
-            "quick": {
-                "proxy": (64, 1, 150, 32),
-                "targets": {"4 T0, 2 B0": (256, 1, 600, 64)},
-                "num_lrs": 7,
-                "seeds": 2,
-            },
-            "default": {
-                "proxy": (64, 1, 150, 32),
-                "targets": {"8 T0, 4 B0": (512, 1, 1200, 128), "8 T0, B0": (512, 1, 1200, 32)},
-                "num_lrs": 7,
-                "seeds": 2,
-                "controls": "add",
-            },
+            "quick": _preset((64, 1, 150, 32), {"4 T0, 2 B0": (256, 1, 600, 64)}, 7),
+            "default": _preset(
+                (64, 1, 150, 32),
+                {"8 T0, 4 B0": (512, 1, 1200, 128), "8 T0, B0": (512, 1, 1200, 32)},
+                7,
+                controls="add",
+            ),
         },
         "studies": {
-            "horizon": {
-                "width": 128,
-                "depth": 1,
-                "steps": 150,
-                "batch": 32,
-                "multiples": (4, 16),
-                "num_lrs": 7,
-                "seeds": 2,
-            },
-            "batch": {
-                "width": 128,
-                "depth": 1,
-                "steps": 600,
-                "batch": 8,
-                "multiples": (4, 16),
-                "num_lrs": 7,
-                "seeds": 2,
-            },
-            "wd": {
-                "width": 128,
-                "depth": 1,
-                "steps": 600,
-                "batch": 32,
-                "multiples": (4, 16),
-                "num_lrs": 7,
-                "seeds": 2,
-                "train_examples": 8192,
-            },
+            "horizon": _study(128, 1, 150, 32, (4, 16), 7),
+            "batch": _study(128, 1, 600, 8, (4, 16), 7),
+            "wd": _study(128, 1, 600, 32, (4, 16), 7, train_examples=8192),
         },
         # the registry's experiment: the quickstart's best LRs at width 64, 150 steps, batch 32
         "experiment": "width_mlp",
     },
     "gpt": {
         "presets": {
-            "quick": {
-                "proxy": (32, 2, 80, 8),
-                "targets": {"4 T0, 2x width": (64, 2, 320, 8)},
-                "num_lrs": 6,
-                "seeds": 2,
-            },
-            "default": {
-                "proxy": (32, 2, 80, 8),
-                "targets": {"8 T0, B0, 4x width, 2x depth": (128, 4, 640, 8)},
-                "num_lrs": 6,
-                "seeds": 2,
-                "controls": "add",
-            },
+            "quick": _preset((32, 2, 80, 8), {"4 T0, 2x width": (64, 2, 320, 8)}, 6),
+            "default": _preset((32, 2, 80, 8), {"8 T0, B0, 4x width, 2x depth": (128, 4, 640, 8)}, 6, controls="add"),
         },
         "studies": {
-            "horizon": {
-                "width": 64,
-                "depth": 2,
-                "steps": 80,
-                "batch": 8,
-                "multiples": (4, 16),
-                "num_lrs": 6,
-                "seeds": 2,
-            },
-            "batch": {"width": 64, "depth": 2, "steps": 320, "batch": 4, "multiples": (4,), "num_lrs": 6, "seeds": 2},
-            "wd": {
-                "width": 64,
-                "depth": 2,
-                "steps": 160,
-                "batch": 8,
-                "multiples": (4,),
-                "num_lrs": 6,
-                "seeds": 2,
-                "train_examples": 8192,
-            },
+            "horizon": _study(64, 2, 80, 8, (4, 16), 6),
+            "batch": _study(64, 2, 320, 4, (4,), 6),
+            "wd": _study(64, 2, 160, 8, (4,), 6, train_examples=8192),
         },
         # the registry's experiment: gpt_width's centres at width 32
         "experiment": "recipe_gpt",

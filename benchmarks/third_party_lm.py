@@ -69,17 +69,14 @@ def diagnose_main(args):
     for name, r in report.items():
         cells = "  ".join(f"{lr:.3g}: {v:.4f}" for lr, v in zip(r["lrs"], r["loss"]))
         print(f"  {name:18s} best {r['best_loss']:.4f} at {r['best_lr']:.3g}   ({cells})")
-    elapsed = time.time() - t0
-    print(f"\n({elapsed:.0f} s)")
-    cli.write_json(
+    cli.finish(
         args.json,
         {
             "benchmark": "third_party_lm",
             "study": "mup_adamw",
             "report": report,
-            "seconds": elapsed,
-            "environment": cli.environment(),
         },
+        t0,
     )
     return report
 
@@ -120,9 +117,7 @@ def main(argv=None):
             framework=args.framework,
         )
     print_report(report)
-    elapsed = time.time() - t0
-    print(f"\n({elapsed:.0f} s)")
-    cli.write_json(
+    cli.finish(
         args.json,
         {
             "benchmark": "third_party_lm",
@@ -130,9 +125,8 @@ def main(argv=None):
             "framework": args.framework,
             "config": dict(cfg),
             "report": report,
-            "seconds": elapsed,
-            "environment": cli.environment(),
         },
+        t0,
     )
     return report
 

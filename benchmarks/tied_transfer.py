@@ -93,6 +93,16 @@ def run(
     """
     data = lab.load("text", context=context, sequence=True)
     results_path = os.path.join(out, "tied_transfer.jsonl")
+    sweep_kw = {  # lab.sweep's settings shared by every sweep
+        "steps": steps,
+        "batch_size": batch_size,
+        "seeds": seeds,
+        "results": results_path,
+        "size_name": "width",
+        "eval_examples": eval_examples,
+        "schedule": "warmup_cosine",
+        "progress": progress,
+    }
     report = {}
     for model_name in models:
         tied = model_name == "tied"
@@ -114,23 +124,10 @@ def run(
             factory = study.optimizer_factory(
                 name, lambda d: built(d, init, rb, es)[1], base, consts=consts, proxy_width=widths[0]
             )
-            return lab.sweep(
-                lambda d: built(d, init, rb, es)[0],
-                factory,
-                ws,
-                lab.lr_grid(center, num_lrs),
-                data,
-                steps=steps,
-                batch_size=batch_size,
-                seeds=seeds,
-                results=results_path,
-                name=name,
-                tag=f"{model_name}/ctx{context}{tag}" + (study.constants_tag(consts) if init == "spectral" else ""),
-                size_name="width",
-                eval_examples=eval_examples,
-                schedule="warmup_cosine",
-                progress=progress,
-            )
+            grid = lab.lr_grid(center, num_lrs)
+            run_tag = f"{model_name}/ctx{context}{tag}" + (study.constants_tag(consts) if init == "spectral" else "")
+            model_fn = lambda d: built(d, init, rb, es)[0]
+            return lab.sweep(model_fn, factory, ws, grid, data, name=name, tag=run_tag, **sweep_kw)
 
         def proxy_sweep(name, consts, center):
             """The proxy's sweep, its grid moved by two points (4x) while its best LR is on an edge (at most twice)."""
@@ -272,9 +269,7 @@ def main(argv=None):
             **cfg,
         )
     print_report(report, cfg["widths"])
-    elapsed = time.time() - t0
-    print(f"\n({elapsed:.0f} s)")
-    cli.write_json(
+    cli.finish(
         args.json,
         {
             "benchmark": "tied_transfer",
@@ -294,9 +289,8 @@ def main(argv=None):
             "constants": {m: r["constants"] for m, r in report.items()},
             "tuning": {m: r["tuning"] for m, r in report.items()},
             "runs": {m: [x for res in r["results"].values() for x in res.runs] for m, r in report.items()},
-            "seconds": elapsed,
-            "environment": cli.environment(),
         },
+        t0,
     )
     return report
 

@@ -186,6 +186,25 @@ def _no_out_sharding(name: str, out_sharding) -> None:
         )
 
 
+def _matrix_init(name: str, default_dtype, layout, draw, *, takes_out_sharding: bool = False) -> Initializer:
+    """The ``init(key, shape, dtype, out_sharding)`` of one matrix initializer.
+
+    ``layout`` is ``(in_axis, out_axis, batch_axis, fan_out_splits)``; ``draw(key, shape, geom,
+    draw_dtype, out_sharding)`` returns the weights in the draw dtype, cast here to the output dtype.
+    An empty shape gives zeros without a draw; ``out_sharding`` raises unless ``takes_out_sharding``.
+    """
+
+    def init(key, shape, dtype=default_dtype, out_sharding=None) -> jax.Array:
+        if not takes_out_sharding:
+            _no_out_sharding(name, out_sharding)
+        shape, out_dtype, draw_dtype, geom = _prepare(name, shape, dtype, *layout)
+        if math.prod(shape) == 0:
+            return jnp.zeros(shape, out_dtype)
+        return draw(key, shape, geom, draw_dtype, out_sharding).astype(out_dtype)
+
+    return init
+
+
 # --------------------------------------------------------------------------
 # Initializers.
 # --------------------------------------------------------------------------
@@ -227,17 +246,13 @@ def spectral_normal(
       Yang, Simon, Bernstein (2023), Parametrization 1; docs/math.md section 2.
     """
     gain = _check_gain("gain", gain)
-    default_dtype = dtype
-
-    def init(key, shape, dtype=default_dtype, out_sharding=None) -> jax.Array:
-        shape, out_dtype, draw_dtype, geom = _prepare(
-            "spectral_normal", shape, dtype, in_axis, out_axis, batch_axis, fan_out_splits
-        )
-        if math.prod(shape) == 0:
-            return jnp.zeros(shape, out_dtype)
-        return _normal_draw(key, geom, gain, draw_dtype, out_sharding).astype(out_dtype)
-
-    return init
+    return _matrix_init(
+        "spectral_normal",
+        dtype,
+        (in_axis, out_axis, batch_axis, fan_out_splits),
+        lambda key, w, geom, draw_dtype, out_sharding: _normal_draw(key, geom, gain, draw_dtype, out_sharding),
+        takes_out_sharding=True,
+    )
 
 
 def _normal_draw(key, geom: Geometry, gain: float, draw_dtype, out_sharding=None) -> jax.Array:
@@ -300,18 +315,12 @@ def spectral_orthogonal(
       alternative); Saxe, McClelland, Ganguli (2014); docs/math.md section 2.
     """
     gain = _check_gain("gain", gain)
-    default_dtype = dtype
-
-    def init(key, shape, dtype=default_dtype, out_sharding=None) -> jax.Array:
-        _no_out_sharding("spectral_orthogonal", out_sharding)
-        shape, out_dtype, draw_dtype, geom = _prepare(
-            "spectral_orthogonal", shape, dtype, in_axis, out_axis, batch_axis, fan_out_splits
-        )
-        if math.prod(shape) == 0:
-            return jnp.zeros(shape, out_dtype)
-        return _orthogonal_draw(key, geom, gain, draw_dtype).astype(out_dtype)
-
-    return init
+    return _matrix_init(
+        "spectral_orthogonal",
+        dtype,
+        (in_axis, out_axis, batch_axis, fan_out_splits),
+        lambda key, w, geom, draw_dtype, out_sharding: _orthogonal_draw(key, geom, gain, draw_dtype),
+    )
 
 
 def spectral_embedding(*, std: float = 1.0, dtype=None) -> Initializer:
@@ -408,15 +417,8 @@ def spectral_normalized(
             f"got {type(base_init).__name__}; e.g. spectral_normalized(jax.nn.initializers.lecun_normal())"
         )
     gain = _check_gain("gain", gain)
-    default_dtype = dtype
 
-    def init(key, shape, dtype=default_dtype, out_sharding=None) -> jax.Array:
-        _no_out_sharding("spectral_normalized", out_sharding)
-        shape, out_dtype, draw_dtype, geom = _prepare(
-            "spectral_normalized", shape, dtype, in_axis, out_axis, batch_axis, fan_out_splits
-        )
-        if math.prod(shape) == 0:
-            return jnp.zeros(shape, out_dtype)
+    def draw(key, shape, geom: Geometry, draw_dtype, out_sharding) -> jax.Array:
         w0 = jnp.asarray(base_init(key, shape, draw_dtype))
         if w0.shape != shape:
             raise ValueError(
@@ -434,9 +436,9 @@ def spectral_normalized(
         top = top_singular_value(m, "svd")[:, None, None]  # exact ||W0||_* per slice
         target = jnp.asarray(gain * math.sqrt(geom.d_out / geom.d_in), draw_dtype)
         m = jnp.where(top > 0, m * (target / jnp.where(top > 0, top, 1.0)), 0.0)
-        return from_matrix(m, geom).astype(out_dtype)
+        return from_matrix(m, geom)
 
-    return init
+    return _matrix_init("spectral_normalized", dtype, (in_axis, out_axis, batch_axis, fan_out_splits), draw)
 
 
 # --------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from spectral_optax._distributed.plan import columns_multiple
 from spectral_optax._distributed.resident import resident_axes, stage_resident
-from spectral_optax._distributed.wide import from_wide, move_dtype, to_wide
+from spectral_optax._distributed.wide import from_wide, from_wide_each, move_dtype, to_wide
 from spectral_optax._geometry import Geometry, from_matrix, to_matrix
 from spectral_optax._mesh.layout import (
     blocks_local,
@@ -506,11 +506,7 @@ def _stage_columns(tilings, members, xs, scale_of, compute_dtype, coefficients, 
             count = sum(members[i][1].num_slices for i in idx)
             block = _columns_of_tiles(ortho[start : start + count], mesh, tiling, names, back=True)
             start += count
-            at = 0
-            for i in idx:
-                g = members[i][1]
-                done[i] = from_wide(block[at : at + g.num_slices], g, scale_of(g), xs[i].dtype)
-                at += g.num_slices
+            from_wide_each(block, members, idx, scale_of, xs, done)
         return [shard_alike(done[i], x)[0] for i, x in enumerate(xs)]
 
     return stacked, _COLUMNS, finish

@@ -17,7 +17,7 @@ import numpy as np
 from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
-from spectral_optax._distributed.wide import from_wide, move_dtype, to_wide
+from spectral_optax._distributed.wide import from_wide_each, move_dtype, to_wide
 from spectral_optax._mesh.layout import context_mesh, device_view, mesh_order, spec_axes
 
 __all__ = ["resident_axes", "stage_resident"]
@@ -88,12 +88,7 @@ def stage_resident(resident, members, xs, scale_of, compute_dtype, coefficients,
             block = (block.astype(jnp.promote_types(block.dtype, jnp.float32)) * scale_of(g)).astype(x.dtype)
             block = jnp.swapaxes(block, 2, 3) if g.d_in > g.d_out else block
             out[i] = jnp.transpose(block.reshape(moved), np.argsort(perm))
-        rest = blocks[:, start:].reshape(-1, *blocks.shape[2:])
-        first = 0
-        for i in others:
-            g = members[i][1]
-            out[i] = from_wide(rest[first : first + g.num_slices], g, scale_of(g), xs[i].dtype)
-            first += g.num_slices
+        from_wide_each(blocks[:, start:].reshape(-1, *blocks.shape[2:]), members, others, scale_of, xs, out)
         return [shard_alike(out[i], x)[0] for i, x in enumerate(xs)]
 
     return stacked, None, finish

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from spectral_optax._duals.polar.policy import default_compute_dtype
 from spectral_optax._geometry import Geometry, from_matrix, to_matrix
 
-__all__ = ["from_wide", "move_dtype", "to_wide"]
+__all__ = ["from_wide", "from_wide_each", "move_dtype", "to_wide"]
 
 
 def to_wide(x, g: Geometry, matrix: bool = False):
@@ -26,6 +26,16 @@ def from_wide(block, g: Geometry, factor, dtype, join=None):
     if g.d_in > g.d_out:
         block = jnp.swapaxes(block, 1, 2)
     return from_matrix(block, g)
+
+
+def from_wide_each(block, members, idx, scale_of, xs, out: dict) -> None:
+    """Split ``block`` (wide matrices stacked on axis 0) into the leaves ``idx``, in order, ``num_slices``
+    matrices each, and set ``out[i] = from_wide(part, g_i, scale_of(g_i), xs[i].dtype)`` (``g_i = members[i][1]``)."""
+    start = 0
+    for i in idx:
+        g = members[i][1]
+        out[i] = from_wide(block[start : start + g.num_slices], g, scale_of(g), xs[i].dtype)
+        start += g.num_slices
 
 
 def move_dtype(dtype, compute_dtype, coefficients):

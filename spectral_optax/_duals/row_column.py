@@ -205,9 +205,13 @@ def row_normalize(m: jax.Array, p: Exponent = 2.0, *, fan_scaling: bool = True, 
       The direction, same shape and dtype as ``m``.
     """
     check_p(p)
-    if m.ndim != 3:
-        raise ValueError(f"row_normalize expects the canonical (num_slices, d_in, d_out) view, got shape {m.shape}")
+    _check_canonical("row_normalize", m)
     return row_direction(m, p, fan_scaling=fan_scaling, axis_name=axis_name)
+
+
+def _check_canonical(name: str, m: jax.Array) -> None:
+    if m.ndim != 3:
+        raise ValueError(f"{name} expects the canonical (num_slices, d_in, d_out) view, got shape {m.shape}")
 
 
 def _whole(n: int, axis_name) -> int:
@@ -241,16 +245,13 @@ def column_normalize(m: jax.Array, q: Exponent = 2.0, *, fan_scaling: bool = Tru
       q: output norm exponent, ``1 < q <= inf``; ``q = inf`` is ``sign(m) / d_in``.
       fan_scaling: multiply by ``d_out^(1/q) / d_in`` (True: the exact dual
         map, unit (1,mean)->(q,mean) norm); False leaves unit ``l_q`` rows.
-      axis_name: inside ``shard_map``, the mesh axes splitting the fan-out
-        axis (axis 2): norms are reduced over them and ``d_out`` is the
-        whole fan-out. ``None``: ``m`` is the whole matrix.
+      axis_name: as in :func:`~spectral_optax.expert.row_normalize`, for the fan-out axis (axis 2) and ``d_out``.
 
     Returns:
       The direction, same shape and dtype as ``m``.
     """
     check_q(q)
-    if m.ndim != 3:
-        raise ValueError(f"column_normalize expects the canonical (num_slices, d_in, d_out) view, got shape {m.shape}")
+    _check_canonical("column_normalize", m)
     return column_direction(m, q, fan_scaling=fan_scaling, axis_name=axis_name)
 
 

@@ -199,13 +199,8 @@ class GeometryMap:
           *example_args: example inputs of ``module(*example_args)``; with them the
             forward pass is traced as in :meth:`from_apply` (the trace decides,
             the module hints are the cross-check and the fallback).
-          output: what the loss reads, which decides the read-out (docs/math.md, "The read-out"): a
-            selector of the returned value (``lambda out: out["logits"]``, ``lambda out: out[0]``), a loss
-            traced instead (``lambda out: loss_fn(out, labels)``), or an index / key; ``None`` takes the
-            first array leaf of the returned value (logits first, as Flax, Hugging Face and big_vision
-            return them) and warns if another returned leaf would make other layers read-outs.
-          overrides: ``{regex: override}``, applied first.
-          strict: raise instead of the element-wise fallback for undecided leaves.
+          output, overrides, strict: as in :meth:`from_apply` (what the loss reads; ``{regex: override}``
+            applied first; raise on undecided leaves).
           **example_kwargs: keyword inputs of the module call.
         """
         hints = _hints_from_nnx(module)
@@ -241,13 +236,8 @@ class GeometryMap:
         Args:
           module: the Linen module.
           *args: example inputs.
-          output: what the loss reads, which decides the read-out (docs/math.md, "The read-out"): a
-            selector of the returned value (``lambda out: out["logits"]``, ``lambda out: out[0]``), a loss
-            traced instead (``lambda out: loss_fn(out, labels)``), or an index / key; ``None`` takes the
-            first array leaf of the returned value (logits first, as Flax, Hugging Face and big_vision
-            return them) and warns if another returned leaf would make other layers read-outs.
-          overrides: ``{regex: override}``, applied first.
-          strict: raise instead of the element-wise fallback for undecided leaves.
+          output, overrides, strict: as in :meth:`from_apply` (what the loss reads; ``{regex: override}``
+            applied first; raise on undecided leaves).
           **kwargs: keyword inputs of the module call.
         """
         hints, tr = _linen_init_trace(module, jax.random.key(0), args, kwargs, output)
@@ -568,13 +558,8 @@ def init_with_geometry(module, rngs, *args, output=None, overrides=None, strict:
       module: a Linen module.
       rngs: the PRNG key, or a dict of keys, as for ``module.init``.
       *args: the example inputs of ``module.init``.
-      output: what the loss reads, which decides the read-out (docs/math.md, "The read-out"): a
-        selector of the returned value (``lambda out: out["logits"]``, ``lambda out: out[0]``), a loss
-        traced instead (``lambda out: loss_fn(out, labels)``), or an index / key; ``None`` takes the
-        first array leaf of the returned value (logits first, as Flax, Hugging Face and big_vision
-        return them) and warns if another returned leaf would make other layers read-outs.
-      overrides: ``{regex: override}``, applied first.
-      strict: raise instead of the element-wise fallback for undecided leaves.
+      output, overrides, strict: as in :meth:`GeometryMap.from_apply` (what the loss reads;
+        ``{regex: override}`` applied first; raise on undecided leaves).
       **kwargs: keyword inputs of the module call.
 
     Returns:

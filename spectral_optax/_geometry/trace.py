@@ -134,6 +134,13 @@ def _out_cut_per_index(shape, axis: int, products: list[_Use]) -> bool:
     return bool(recs) and all(r[0] == "out" or (r[0] == "block" and r[2] == shape[axis]) for r in recs)
 
 
+#: What a parameter whose every use is a gain / a token is, when its axes disagree.
+_ONLY_USE = {
+    "gain": "a gain multiplied into another parameter",
+    "token": "a token tiled / concatenated into the activations",
+}
+
+
 def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> TraceDecision:
     """One parameter's decision from its uses; ``clean`` holds the read-out values (:meth:`_Tracer.readouts`)."""
     shape = tuple(shape)
@@ -199,19 +206,14 @@ def _decide(shape, uses: list[_Use], clean: set[int], all_uses: list[_Use]) -> T
         if readout:
             how += ", read-out"
         return TraceDecision(Geometry(shape, "matrix", fan_in, fan_out, fan_out_splits=n_split, role=role), how)
-    gains = [u for u in uses if u.kind == "gain"]
-    if gains and len(gains) == len(uses):
-        res = classes_of(gains)
+    kind = uses[0].kind
+    if kind in _ONLY_USE and all(u.kind == kind for u in uses):  # only gains, or only tokens
+        res = classes_of(uses)
         if isinstance(res, str):
-            return TraceDecision(None, f"a gain multiplied into another parameter: {res}")
-        fan_out = tuple(a for a, c in res[0].items() if c == "out")
-        return TraceDecision(Geometry(shape, "vector", (), fan_out), "trace: a gain of another parameter (vector)")
-    tokens = [u for u in uses if u.kind == "token"]
-    if tokens and len(tokens) == len(uses):
-        res = classes_of(tokens)
-        if isinstance(res, str):
-            return TraceDecision(None, f"a token tiled / concatenated into the activations: {res}")
+            return TraceDecision(None, f"{_ONLY_USE[kind]}: {res}")
         big = tuple(a for a, c in res[0].items() if c == "out")
+        if kind == "gain":
+            return TraceDecision(Geometry(shape, "vector", (), big), "trace: a gain of another parameter (vector)")
         how = "trace: a learned token tiled over the batch / concatenated with the activations"
         if len(big) <= 1:  # one learned input vector: a matrix fed by a constant input of width 1
             return TraceDecision(Geometry(shape, "vector", (), big), how + " (a constant input)")

@@ -248,6 +248,24 @@ class MLP(nn.Module):
         return dense(self.num_outputs, "head", head_k)(h)
 
 
+def _check_vary(vary: str) -> None:
+    if vary not in ("width", "depth"):
+        raise ValueError(f"vary must be 'width' or 'depth', got {vary!r}")
+
+
+def _sized_family(data, vary: str, width: int, depth: int, build, loss: str = "xent") -> Callable[[int], Model]:
+    """``size -> Model.from_linen(build(w, d), example, loss)``: the size is the width ``w`` (depth ``d = depth``)
+    when ``vary == 'width'``, else the depth ``d`` (width ``w = width``); the example is ``data``'s first
+    training input."""
+    example_x, _ = data.numpy_batch("train", [0])
+
+    def family(size: int) -> Model:
+        w, d = (size, depth) if vary == "width" else (width, size)
+        return Model.from_linen(build(w, d), example_x, loss)
+
+    return family
+
+
 def mlp_family(
     data,
     *,
@@ -274,27 +292,22 @@ def mlp_family(
       loss: ``'xent'`` / ``'mse'``; default from ``data.kind``.
       **mlp_kwargs: further :class:`MLP` attributes.
     """
-    if vary not in ("width", "depth"):
-        raise ValueError(f"vary must be 'width' or 'depth', got {vary!r}")
+    _check_vary(vary)
     loss = loss or ("mse" if data.kind == "regression" else "xent")
-    example_x, _ = data.numpy_batch("train", [0])
 
-    def family(size: int) -> Model:
-        w, d = (size, depth) if vary == "width" else (width, size)
-        a = alpha(d) if callable(alpha) else alpha
-        module = MLP(
+    def build(w: int, d: int) -> nn.Module:
+        return MLP(
             width=w,
             depth=d,
             num_outputs=data.num_outputs,
             input="bytes" if data.kind == "bytes" else "dense",
             residual=residual,
-            alpha=a,
+            alpha=alpha(d) if callable(alpha) else alpha,
             parametrization=init,
             **mlp_kwargs,
         )
-        return Model.from_linen(module, example_x, loss)
 
-    return family
+    return _sized_family(data, vary, width, depth, build, loss)
 
 
 def gpt_family(
@@ -342,22 +355,19 @@ def gpt_family(
     """
     from spectral_optax.nn.linen import Transformer
 
-    if vary not in ("width", "depth"):
-        raise ValueError(f"vary must be 'width' or 'depth', got {vary!r}")
+    _check_vary(vary)
     if data.kind != "sequence":
         raise ValueError(
             f"gpt_family needs a 'sequence' dataset (lab.text(..., sequence=True)), got kind {data.kind!r}"
         )
-    example_x, _ = data.numpy_batch("train", [0])
     inits = {}
     if init == "spectral":
         inits = {"kernel_init": kernel_init("spectral", gain=1.0), "embedding_init": embed_init("spectral")}
     elif init != "standard":
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
 
-    def family(size: int) -> Model:
-        w, d = (size, depth) if vary == "width" else (width, size)
-        module = Transformer(
+    def build(w: int, d: int) -> nn.Module:
+        return Transformer(
             vocab_size=data.num_outputs,
             features=w,
             num_blocks=d,
@@ -370,9 +380,8 @@ def gpt_family(
             **inits,
             **transformer_kwargs,
         )
-        return Model.from_linen(module, example_x, "xent")
 
-    return family
+    return _sized_family(data, vary, width, depth, build)
 
 
 def resnet_family(
@@ -409,19 +418,16 @@ def resnet_family(
     """
     from spectral_optax.nn.linen import ResNet
 
-    if vary not in ("width", "depth"):
-        raise ValueError(f"vary must be 'width' or 'depth', got {vary!r}")
+    _check_vary(vary)
     if len(data.input_shape) != 3:
         raise ValueError(
             f"resnet_family needs images (H, W, C); got input_shape {data.input_shape} (load CIFAR with flatten=False)"
         )
-    example_x, _ = data.numpy_batch("train", [0])
     inits = {"kernel_init": kernel_init(init)} if init == "spectral" else {}
     kernel_init(init)  # validates `init`
 
-    def family(size: int) -> Model:
-        w, d = (size, depth) if vary == "width" else (width, size)
-        module = ResNet(
+    def build(w: int, d: int) -> nn.Module:
+        return ResNet(
             w,
             d,
             data.num_outputs,
@@ -431,6 +437,5 @@ def resnet_family(
             num_stages=stages,
             **inits,
         )
-        return Model.from_linen(module, example_x, "xent")
 
-    return family
+    return _sized_family(data, vary, width, depth, build)

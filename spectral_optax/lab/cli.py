@@ -81,6 +81,15 @@ def write_json(path, payload: dict) -> None:
     print(f"wrote {path}")
 
 
+def finish(path, payload: dict, t0: float) -> float:
+    """Print the seconds since ``t0`` as ``(N s)`` and :func:`write_json` ``payload`` with ``seconds`` and
+    ``environment`` (:func:`environment`) added last; returns the seconds."""
+    elapsed = time.time() - t0
+    print(f"\n({elapsed:.0f} s)")
+    write_json(path, {**payload, "seconds": elapsed, "environment": environment()})
+    return elapsed
+
+
 def environment() -> dict:
     """The machine a result was measured on: UTC date, JAX version, backend, devices, Python version."""
     import jax

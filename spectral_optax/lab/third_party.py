@@ -316,23 +316,12 @@ def run(
             setup = SETUPS[name]
             base = built(proxy.width, name)[0].shapes()
             factory = optimizer_factory(setup, lambda n: built(n, name)[1], base)
-            return sweep(
-                lambda n: built(n, name)[0],
-                factory,
-                [width],
-                lrs,
-                data,
-                steps=steps,
-                batch_size=batch,
-                seeds=seeds,
-                results=results,
-                name=name,
-                tag=f"{model_name}/ctx{context}/N{blocks}{'' if framework == 'linen' else '/' + framework}{tag}",
-                size_name="width",
-                eval_examples=preset["eval_examples"],
-                schedule="warmup_cosine",
-                progress=progress,
-            ).runs
+            run_tag = f"{model_name}/ctx{context}/N{blocks}{'' if framework == 'linen' else '/' + framework}{tag}"
+            settings = {"steps": steps, "batch_size": batch, "seeds": seeds, "results": results, "progress": progress}
+            model_at = lambda n: built(n, name)[0]
+            return _runs_at_width(
+                model_at, factory, width, lrs, data, name, run_tag, eval_examples=preset["eval_examples"], **settings
+            )
 
         rows: dict = {}
         for name in setups:
@@ -425,6 +414,13 @@ MUP_VARIANTS: Mapping[str, Setup] = {
 }
 
 
+def _runs_at_width(model_at, factory, width: int, lrs, data, name: str, tag: str, **settings) -> list[dict]:
+    """The runs of :func:`~spectral_optax.lab.sweep` of optimizer ``name`` at one width, warm-up cosine schedule
+    (``settings``: its other keywords)."""
+    kw = {"name": name, "tag": tag, "size_name": "width", "schedule": "warmup_cosine", **settings}
+    return sweep(model_at, factory, [width], lrs, data, **kw).runs
+
+
 def _constant(value, size):
     return value
 
@@ -450,29 +446,17 @@ def diagnose(
     """
     data = load("text", context=context, sequence=True)
     results = os.path.join(os.fspath(out), "third_party_lm_diagnose.jsonl")
+    settings = {"steps": steps, "batch_size": batch_size, "seeds": seeds, "results": results, "progress": progress}
     report = {}
     for name in variants:
         setup = MUP_VARIANTS[name]
         model, geometry = make_model(width, data, tied=tied, blocks=blocks, setup=setup)
         base = make_model(base_width, data, tied=tied, blocks=blocks, setup=setup)[0].shapes()
         grid = [float(x) for x in lrs.get(name, lrs.get("*", ()))]
-        runs = sweep(
-            functools.partial(_constant, model),
-            optimizer_factory(setup, functools.partial(_constant, geometry), base),
-            [width],
-            grid,
-            data,
-            steps=steps,
-            batch_size=batch_size,
-            seeds=seeds,
-            results=results,
-            name=name,
-            tag=f"{'tied' if tied else 'untied'}/ctx{context}/N{blocks}/base{base_width}",
-            size_name="width",
-            eval_examples=256,
-            schedule="warmup_cosine",
-            progress=progress,
-        ).runs
+        factory = optimizer_factory(setup, functools.partial(_constant, geometry), base)
+        tag = f"{'tied' if tied else 'untied'}/ctx{context}/N{blocks}/base{base_width}"
+        model_at = functools.partial(_constant, model)
+        runs = _runs_at_width(model_at, factory, width, grid, data, name, tag, eval_examples=256, **settings)
         loss = _seed_mean(runs, grid)
         i = int(np.argmin(loss))
         report[name] = {

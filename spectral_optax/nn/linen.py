@@ -46,6 +46,12 @@ from spectral_optax.nn._sharded import Embed, gathered
 Initializer = Callable[..., Any]
 default_kernel_init = nn.initializers.lecun_normal()
 
+# Twins kept on purpose: each module spells out its own attributes (``features`` ... ``kernel_init``, ``dtype``,
+# ``param_dtype``) and :mod:`spectral_optax.nn.nnx` spells out each twin's ``__init__`` in the same order. A
+# shared Linen base class would put its fields first in every constructor (dataclass order), and Linen creates
+# parameters inside ``__call__`` where NNX creates them in ``__init__``: the twins share the rules
+# (``_multiplier_and_out_scale``, ``_check_qkv``, ``residual_alpha``), not the module code.
+
 
 def _multiplier_and_out_scale(alpha: float, absorbed: bool) -> tuple[float, float]:
     """(branch multiplier, init factor of the branch's last layer)."""
@@ -512,6 +518,7 @@ class ResNet(_BranchAlpha, nn.Module):
         return nn.Dense(self.num_classes, kernel_init=self.kernel_init, name="head", **kw)(h)
 
 
+# The Linen modules; spectral_optax.nn.nnx lists their NNX twins in the same order (one model, two Flax APIs).
 __all__ = [
     "Embed",
     "MLPBranch",

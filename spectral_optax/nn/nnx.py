@@ -39,6 +39,11 @@ Initializer = Callable[..., Any]
 default_kernel_init = nnx.initializers.lecun_normal()
 default_embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
 
+# Twins kept on purpose: each module spells out its ``__init__`` (the arguments of its Linen twin's attributes,
+# in the same order) and creates its parameters there, where the Linen twin declares them in ``__call__``; a
+# shared ``__init__`` would hide each module's arguments from its signature and docs. The rules are shared
+# (``_multiplier_and_out_scale``, ``_check_qkv``, ``residual_alpha``) and the arguments' docs (``_SHARED_ARGS``).
+
 
 #: What the arguments every NNX module here shares mean, written once: :func:`_shares_args` appends the
 #: lines to each module's ``Args:`` (the Linen twins document the same names as attributes).
