@@ -650,3 +650,53 @@ print("ok")
         devices=8,
     )
     assert "ok" in out, out
+
+
+# Llama-style blocks at half Llama 1.2B's width on 64 host devices, each leaf FSDP-sharded on its largest
+# axis (the 'largest' layout of benchmarks.pod_scale), so.muon with its default flops_per_byte (a CPU's on
+# host devices): what the issue-47 session compiled at 256 devices, at a size the fast tier affords.
+PACK_AT_THE_DEFAULT_FIGURE = """
+import math
+import jax, jax.numpy as jnp, optax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import spectral_optax as so
+from spectral_optax.lab.cli import collective_bytes
+
+n, d = 64, 1024
+shapes = {}
+for i in range(4):
+    shapes.update({f"b{i}/{k}": (d, d) for k in "qkvo"})
+    shapes.update({f"b{i}/gate": (d, 4 * d), f"b{i}/up": (d, 4 * d), f"b{i}/down": (4 * d, d)})
+largest = lambda s: P(*["data" if a == max(range(2), key=lambda a: (s[a], -a)) else None for a in range(2)])
+mesh = jax.make_mesh((n,), ("data",), axis_types=(AxisType.Explicit,))
+params = {k: {"kernel": jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, largest(s)))}
+          for k, s in shapes.items()}
+shard = sum(4 * math.prod(s) for s in shapes.values()) / n
+tx = so.muon(0.02)
+
+def step(g, p):
+    return optax.apply_updates(p, tx.update(g, tx.init(p), p)[0])
+
+with jax.set_mesh(mesh):
+    plan = so.expert.orthogonalization_plan(params)
+    compiled = jax.jit(step).lower(params, params).compile()
+ratio = sum(collective_bytes(compiled.as_text()).values()) / shard
+print(plan)
+print("collectives / shard", ratio)
+assert ratio <= 6.0, ratio  # the bound first: it, not the plan's shape, is what a user pays
+by = {(g.m, g.n): g for g in plan.groups}
+assert by[(d, 4 * d)].packed_with == (d, d) and by[(d, 4 * d)].split == 4, plan
+print("ok")
+"""
+
+
+def test_pack_holds_at_the_default_flops_per_byte_on_64_devices():
+    """Issue 47's doubling at a size the fast tier compiles: 16 squares of 1024 x 1024 and 12 wide
+    1024 x 4096 matrices (4 Llama blocks at d = 1024), each FSDP-sharded on its largest axis over 64
+    host devices, ``so.muon``'s default ``flops_per_byte`` (the CPU row on host devices). The wide
+    group alone is cheapest in 16 blocks, which no whole group fits; the plan must still pack it in
+    4 blocks with the squares (16 units, one per owner group of 4): collective operand bytes <= 6x
+    the device's parameter shard (measured 4.6x; 11.9x when only each group's own split was packed,
+    the code of 4ff537c to c478f8d)."""
+    out = run_script(PACK_AT_THE_DEFAULT_FIGURE, devices=64)
+    assert out.strip().endswith("ok"), out
