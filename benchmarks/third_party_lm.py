@@ -17,6 +17,14 @@ at the target (on the model's own init).
     python -m benchmarks.third_party_lm --study mup_adamw --width 128 --steps 300 --batch-size 32
         --variants tied_path,adamw,own_init --lrs '*=0.008:0.016:0.032;adamw=0.002:0.004:0.008' [--seeds K]
 
+``--study moga``: MOGA's route balance (issue 50, item 4), the variants of
+:data:`spectral_optax.lab.third_party.MOGA_VARIANTS`: the tied path at ``base_factor`` 1 / 5 / 25, the authors'
+recipe (``published``; with ``--untied``, their untied head), Muon on the model's own init and the baseline;
+each variant's loss against tokens seen at its best LR is printed and written to the JSON.
+
+    python -m benchmarks.third_party_lm --study moga --untied --width 128 --steps 300 --batch-size 32
+        --variants published,muon_own,adamw --lrs '*=0.004:0.008:0.016;muon_own=0.01:0.02:0.04'
+
 Runs are appended to ``OUT/third_party_lm.jsonl`` (``OUT/third_party_lm_diagnose.jsonl`` for the study);
 rerunning skips the runs already recorded.
 """
@@ -53,7 +61,10 @@ def diagnose_main(args):
     lrs = {k: [float(x) for x in v.split(":")] for k, v in (item.split("=") for item in args.lrs.split(";"))}
     variants = args.variants.split(",")
     seeds = range(args.seeds if args.seeds is not None else 1)
-    print(f"mup_adamw diagnosis: width {args.width}, {args.steps} steps, batch {args.batch_size}, seeds {list(seeds)}")
+    print(
+        f"{args.study} study ({'untied' if args.untied else 'tied'}): width {args.width}, {args.steps} steps, "
+        f"batch {args.batch_size}, seeds {list(seeds)}"
+    )
     t0 = time.time()
     with jax.default_matmul_precision("highest"):
         report = third_party.diagnose(
@@ -65,15 +76,24 @@ def diagnose_main(args):
             seeds=seeds,
             out=args.out,
             progress=not args.no_progress,
+            study=args.study,
+            tied=not args.untied,
         )
     for name, r in report.items():
         cells = "  ".join(f"{lr:.3g}: {v:.4f}" for lr, v in zip(r["lrs"], r["loss"]))
         print(f"  {name:18s} best {r['best_loss']:.4f} at {r['best_lr']:.3g}   ({cells})")
+    print("\ntrain loss against tokens seen (millions), each at its best LR:")
+    for name, r in report.items():
+        marks = range(0, len(r["curve"]), max(1, len(r["curve"]) // 5))
+        tokens = [step * r["tokens_per_step"] / 1e6 for step in r["curve_steps"]]
+        cells = "  ".join(f"{tokens[i]:.2f}M: {r['curve'][i]:.3f}" for i in marks)
+        print(f"  {name:18s} {cells}")
     cli.finish(
         args.json,
         {
             "benchmark": "third_party_lm",
-            "study": "mup_adamw",
+            "study": args.study,
+            "tied": not args.untied,
             "report": report,
         },
         t0,
@@ -89,14 +109,15 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--framework", default="linen", choices=("linen", "nnx"), help="the Linen or the NNX model")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--study", default="recipe", choices=("recipe", "mup_adamw"))
-    p.add_argument("--variants", default="tied_path,adamw", help="--study mup_adamw: of MUP_VARIANTS")
-    p.add_argument("--width", type=int, default=128, help="--study mup_adamw: the target's width")
-    p.add_argument("--steps", type=int, default=300, help="--study mup_adamw: the target's steps")
-    p.add_argument("--batch-size", type=int, default=32, help="--study mup_adamw: the target's batch")
-    p.add_argument("--lrs", default="*=0.008:0.016:0.032;adamw=0.002:0.004:0.008", help="--study mup_adamw")
+    p.add_argument("--study", default="recipe", choices=("recipe", *third_party.STUDIES))
+    p.add_argument("--variants", default="tied_path,adamw", help="a study's variants (its table in lab.third_party)")
+    p.add_argument("--untied", action="store_true", help="a study on the untied decoder (a Dense head)")
+    p.add_argument("--width", type=int, default=128, help="a study's target width")
+    p.add_argument("--steps", type=int, default=300, help="a study's target steps")
+    p.add_argument("--batch-size", type=int, default=32, help="a study's target batch")
+    p.add_argument("--lrs", default="*=0.008:0.016:0.032;adamw=0.002:0.004:0.008", help="a study's LRs per variant")
     args = p.parse_args(argv)
-    if args.study == "mup_adamw":
+    if args.study != "recipe":
         return diagnose_main(args)
     preset = "quick" if args.quick else (args.preset or "full")
     cfg = third_party.PRESETS[preset]

@@ -149,3 +149,36 @@ def test_moga_adam_rule_documented_defaults():
         v = 0.999 * v + 0.001 * g * g
         w = w - 0.01 * (m / (1 - 0.95**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
         np.testing.assert_allclose(np.asarray(p["Dense_0"]["kernel"]), w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.usefixtures("highest_precision")
+@pytest.mark.parametrize("b", [0.2, 5.0])
+def test_base_factor_is_the_whole_route_balance(b):
+    """``base_factor`` is MOGA's whole balance between the hidden rows and every other route (issue 50, item 4;
+    ``lab.third_party.MOGA_VARIANTS``): the other routes (read-out, sign on tables and vectors) scaled by ``b``
+    equal ``base_factor / b`` at learning rate ``x b``; on the sign routes the step is ``b * lr * sign(g)``
+    (float64 NumPy), on the hidden rows it does not change."""
+    rng = np.random.default_rng(0)
+    params = {"Embed_0": {"embedding": rng.normal(size=(11, 8))}, "Dense_0": {"kernel": rng.normal(size=(8, 16)),
+              "bias": rng.normal(size=(16,))}, "head": {"kernel": rng.normal(size=(16, 11))}}
+    grads = jax.tree.map(lambda x: rng.normal(size=x.shape), params)
+    geometry = {r"^head/": {"role": "output"}}
+    lr, bf = 0.01, 20.0
+    balanced = optax.chain(
+        so.moga(lr, base_factor=bf, geometry=geometry),
+        so.route_lr_scale(output=b, embedding=b, vector=b, geometry=geometry),
+    )
+    moved = so.moga(lr * b, base_factor=bf / b, geometry=geometry)
+    base = so.moga(lr, base_factor=bf, geometry=geometry)
+    p32, g32 = f32(params), f32(grads)
+    u_bal = balanced.update(g32, balanced.init(p32), p32)[0]
+    u_mov = moved.update(g32, moved.init(p32), p32)[0]
+    u_base = base.update(g32, base.init(p32), p32)[0]
+    for path, x, y in zip(jax.tree_util.tree_leaves_with_path(u_bal), jax.tree.leaves(u_mov), jax.tree.leaves(u_base)):
+        np.testing.assert_allclose(np.asarray(path[1]), np.asarray(x), rtol=1e-5, atol=1e-9, err_msg=str(path[0]))
+    np.testing.assert_allclose(np.asarray(u_bal["Embed_0"]["embedding"]), -b * lr * np.sign(grads["Embed_0"]["embedding"]),
+                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(u_bal["Dense_0"]["bias"]), -b * lr * np.sign(grads["Dense_0"]["bias"]),
+                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(u_bal["Dense_0"]["kernel"]), np.asarray(u_base["Dense_0"]["kernel"]),
+                               rtol=1e-5)

@@ -144,3 +144,26 @@ def test_the_nnx_model_is_the_linen_model(tied, setup):
     np.testing.assert_allclose(model.apply(state, x), linen.apply(params, x), rtol=1e-5, atol=1e-5)
     roles = {r["path"]: r["kind"] for r in so.describe(state, geometry, print_table=False)}
     assert roles["embed/embedding"] == ("embedding/output" if tied else "embedding")
+
+
+def test_moga_study_reports_each_variant_and_its_curve(tmp_path):
+    """``--study moga`` through ``main(argv)``: every variant's best LR and loss are its runs' own (JSONL), and the
+    curve reported at the best LR is the seed mean of those runs' curves, against tokens seen."""
+    out = tmp_path / "out"
+    report = third_party_lm.main([
+        "--study", "moga", "--untied", "--width", "16", "--steps", "4", "--batch-size", "2", "--seeds", "1",
+        "--variants", "tied_path_bf25,published", "--lrs", "*=0.005:0.01", "--no-progress", "--out", str(out),
+        "--json", str(tmp_path / "r.json"),
+    ])  # fmt: skip
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["study"] == "moga" and saved["tied"] is False
+    runs = [json.loads(line) for line in (out / "third_party_lm_diagnose.jsonl").read_text().splitlines()]
+    assert {r["name"] for r in runs} == {"tied_path_bf25", "published"}
+    for name, r in (report or saved["report"]).items():
+        mine = [x for x in runs if x["name"] == name]
+        losses = {x["lr"]: x["train_loss"] for x in mine}
+        assert r["best_lr"] == min(losses, key=losses.get)
+        assert math.isclose(r["best_loss"], min(losses.values()), rel_tol=1e-6)
+        at_best = next(x for x in mine if x["lr"] == r["best_lr"])
+        np.testing.assert_allclose(r["curve"], at_best["curve"], rtol=1e-6)
+        assert r["tokens_per_step"] == 2 * 64

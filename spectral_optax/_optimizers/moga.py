@@ -170,7 +170,9 @@ def moga(
       variant: ``'row'`` or ``'col'``: the rule for hidden matrices.
       q: column-variant output norm exponent, ``1 < q <= inf``; default
         ``p/(p-1)`` (``inf`` for ``p = 1``).
-      base_factor: multiplier of the hidden ``'row'`` / ``'col'`` directions.
+      base_factor: multiplier of the hidden ``'row'`` / ``'col'`` directions: the whole balance between the
+        hidden rows and every other route at one learning rate (the other routes scaled by ``b`` are
+        ``base_factor / b`` at learning rate ``x b``); a width-independent constant to tune at the proxy.
       head_base_width: ``None`` (default): the published head rule; a fan-in
         ``W > 0``: the width-consistent head above, equal to the published one
         when the head's fan-in is ``W`` (the proxy's width).

@@ -59,7 +59,9 @@ __all__ = [
     "Setup",
     "TBlock",
     "TransformerDo",
+    "MOGA_VARIANTS",
     "MUP_VARIANTS",
+    "STUDIES",
     "diagnose",
     "make_model",
     "optimizer_factory",
@@ -414,6 +416,29 @@ MUP_VARIANTS: Mapping[str, Setup] = {
 }
 
 
+#: MOGA's route balance (issue 50, item 4), at one target beside Muon and the baseline. ``base_factor`` is the
+#: whole balance between the hidden rows and every other route (read-out, sign / Adam on tables, gains and
+#: biases) at one learning rate: scaling the other routes by ``b`` is the optimizer with ``base_factor / b`` at
+#: learning rate ``x b``. ``tied_path_bf{B}``: the guide's tied path (:data:`SETUPS` ``'moga'``, tuned at the
+#: proxy with ``base_factor = 1``) at ``base_factor = B``; ``published``: the authors' recipe on the model's own
+#: init (``base_factor = 20``, weight decay 0.1, EMA momentum 0.95, sign on tables and vectors, the published
+#: head; run it with ``tied=False``, their untied head); ``muon_own`` and the baseline as in :data:`SETUPS`.
+MOGA_VARIANTS: Mapping[str, Setup] = {
+    **{
+        f"tied_path_bf{b:g}": dataclasses.replace(
+            SETUPS["moga"], options={**SETUPS["moga"].options, "base_factor": float(b)}
+        )
+        for b in (1, 5, 25)
+    },
+    "published": Setup("moga_own", init="own", options={"base_factor": 20.0, "weight_decay": 0.1}),
+    "muon_own": SETUPS["muon_own"],
+    BASELINE: SETUPS[BASELINE],
+}
+
+#: The studies :func:`diagnose` runs: their variant tables.
+STUDIES: Mapping[str, Mapping[str, Setup]] = {"mup_adamw": MUP_VARIANTS, "moga": MOGA_VARIANTS}
+
+
 def _runs_at_width(model_at, factory, width: int, lrs, data, name: str, tag: str, **settings) -> list[dict]:
     """The runs of :func:`~spectral_optax.lab.sweep` of optimizer ``name`` at one width, warm-up cosine schedule
     (``settings``: its other keywords)."""
@@ -439,17 +464,25 @@ def diagnose(
     tied: bool = True,
     out: str | os.PathLike = "out",
     progress: bool = True,
+    study: str = "mup_adamw",
 ) -> dict:
-    """Train each of :data:`MUP_VARIANTS` ``variants`` at one target over its LRs (``lrs[variant]``, or
-    ``lrs['*']``); ``mup_adamw``'s ``base`` is the model at ``base_width``. Returns ``{variant: {'lrs', 'loss'
-    (seed mean per LR), 'per_seed', 'best_lr', 'best_loss'}}``; resumable (``OUT/third_party_lm_diagnose.jsonl``).
+    """Train each of ``variants`` of :data:`STUDIES` ``[study]`` at one target over its LRs (``lrs[variant]``,
+    or ``lrs['*']``); ``mup_adamw``'s ``base`` is the model at ``base_width``. Returns ``{variant: {'lrs',
+    'loss' (seed mean per LR), 'per_seed', 'best_lr', 'best_loss', 'curve_steps', 'curve' (the seed-mean train
+    loss curve at the best LR), 'tokens_per_step'}}``; resumable (``OUT/third_party_lm_diagnose.jsonl``).
     """
+    if study not in STUDIES:
+        raise ValueError(f"diagnose: study must be one of {list(STUDIES)}, got {study!r}")
+    table = STUDIES[study]
+    unknown = [v for v in variants if v not in table]
+    if unknown:
+        raise ValueError(f"diagnose: unknown {study} variants {unknown}; have {list(table)}")
     data = load("text", context=context, sequence=True)
     results = os.path.join(os.fspath(out), "third_party_lm_diagnose.jsonl")
     settings = {"steps": steps, "batch_size": batch_size, "seeds": seeds, "results": results, "progress": progress}
     report = {}
     for name in variants:
-        setup = MUP_VARIANTS[name]
+        setup = table[name]
         model, geometry = make_model(width, data, tied=tied, blocks=blocks, setup=setup)
         base = make_model(base_width, data, tied=tied, blocks=blocks, setup=setup)[0].shapes()
         grid = [float(x) for x in lrs.get(name, lrs.get("*", ()))]
@@ -459,7 +492,11 @@ def diagnose(
         runs = _runs_at_width(model_at, factory, width, grid, data, name, tag, eval_examples=256, **settings)
         loss = _seed_mean(runs, grid)
         i = int(np.argmin(loss))
+        at_best = [r for r in runs if math.isclose(r["lr"], grid[i], rel_tol=1e-6) and r.get("curve")]
         report[name] = {
+            "curve_steps": at_best[0]["curve_steps"] if at_best else [],
+            "curve": np.mean([r["curve"] for r in at_best], axis=0).tolist() if at_best else [],
+            "tokens_per_step": batch_size * context,
             "lrs": grid,
             "loss": loss,
             "per_seed": {
