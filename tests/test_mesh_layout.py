@@ -96,3 +96,41 @@ print("ok")
 
 def test_updates_keep_the_gradients_layout_on_an_auto_mesh():
     assert "ok" in run_script(AUTO_MESH, devices=4)
+
+
+# Same-shape leaves of mixed layouts on 4 host devices (an Auto mesh), the plan spreading their
+# orthogonalizations over the devices (flops_per_byte=0): each update keeps its own gradient's
+# layout and equals the one-device step. Every tie of an update to its gradient (shard_alike) must be
+# its own sharding group: JAX lowers equal equations once, and the ties of one shape shared one group
+# id, so every such leaf came back in one layout (P('data', None) here), mup_adamw's elementwise
+# update included (its tie is the named optimizers' common keeping_layout). Called eagerly (no jit)
+# on the sharded gradients, muon's update is the same (the plan's device views failed outside jit).
+MIXED_LAYOUTS = (
+    CLOSE
+    + """
+import jax, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import spectral_optax as so
+
+mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,))
+specs = {"a": P("data", None), "b": P(None, "data"), "c": P(), "d": P("data", None), "e": P(None, "data")}
+keys = jax.random.split(jax.random.key(0), len(specs))
+grads = {k: {"kernel": jax.random.normal(key, (16, 16))} for k, key in zip(specs, keys)}
+sharded = {k: {"kernel": jax.device_put(grads[k]["kernel"], NamedSharding(mesh, specs[k]))} for k in specs}
+muon = so.muon(0.1, flops_per_byte=0.0)
+for name, tx, step in [("muon", muon, jax.jit(muon.update)), ("mup_adamw", so.mup_adamw(1e-3), None),
+                       ("eager muon", muon, muon.update)]:  # eager: the plan runs under its own jit
+    one, _ = jax.jit(tx.update)(grads, tx.init(grads), grads)
+    got, _ = (step or jax.jit(tx.update))(sharded, tx.init(sharded), sharded)
+    for k, spec in specs.items():
+        close(got[k]["kernel"], one[k]["kernel"], f"{name} {k}")
+        out, x = got[k]["kernel"].sharding, sharded[k]["kernel"].sharding
+        # eagerly, trailing unsharded dimensions are dropped from the spec (P('data',)): the same layout
+        assert out.spec == spec if step is not muon.update else out.is_equivalent_to(x, 2), (name, k, spec, out)
+print("ok")
+"""
+)
+
+
+def test_same_shape_leaves_keep_their_own_layouts_on_an_auto_mesh():
+    assert "ok" in run_script(MIXED_LAYOUTS, devices=4)

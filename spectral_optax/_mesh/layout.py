@@ -47,6 +47,34 @@ __all__ = [
 AxisName = Any
 
 
+def _lower_shard_alike_inline() -> bool:
+    """Make every ``shard_alike`` tie its own sharding group; ``True`` when done.
+
+    JAX (0.10) lowers equal equations (one primitive, parameters and input types) once, as one
+    function that each of them calls, and ``shard_alike``'s lowering draws its ``sdy.sharding_group``
+    id (its GSPMD ``shard_group_id``) inside that function. Every tie of leaves of one shape and dtype
+    (``shard_alike(update, gradient)`` per leaf) then carried one id: one group, so the partitioner
+    gave all those leaves one layout (on an Auto mesh, same-shape gradients sharded ``P('data',
+    None)``, ``P(None, 'data')`` and ``P()`` came back in one of them). Marked uncacheable, the
+    primitive is lowered inline at each equation and each tie draws its own id. Process-wide (a
+    lowering-time switch), and right for every caller of ``shard_alike``. Private JAX names: no
+    public switch exists for one primitive (``tests/test_mesh_layout.py`` checks it is taken)."""
+    try:
+        from jax._src.interpreters import mlir as jax_mlir
+        from jax._src.shard_alike import shard_alike_p
+    except ImportError:  # pragma: no cover  (tests/test_mesh_layout.py fails on the supported JAX)
+        return False
+    uncacheable = getattr(jax_mlir, "_uncacheable_primitives", None)
+    if not isinstance(uncacheable, set):  # pragma: no cover
+        return False
+    uncacheable.add(shard_alike_p)
+    return True
+
+
+#: Whether each ``shard_alike`` is lowered inline, as its own sharding group (:func:`_lower_shard_alike_inline`).
+SHARD_ALIKE_INLINE = _lower_shard_alike_inline()
+
+
 def aval_mesh(x):
     """The (abstract) mesh in ``x``'s type, or ``None`` (concrete arrays and tracers alike)."""
     try:

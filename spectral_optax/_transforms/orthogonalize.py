@@ -229,6 +229,10 @@ def orthogonalize_via_newton_schulz(
         axes = distribution_axes(mesh)
         leaves = [out[i] for i, _ in members]
         if axes and distribute is not False and not manual_axes(mesh):
+            if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(updates)):
+                # eager, on sharded arrays: the plan's device views and shard_map run under jit only
+                # (one compile per tree, dtypes and layouts: jax.jit's cache)
+                return eager_update(updates, state)
             specs = [explicit_spec(x, x.ndim) for x in leaves]
             axes, replicas, plan = _within_replicas(groups, flat, mesh, axes, specs, plan_args)
             scale_of = lambda g: orthogonal_update_scale(g, scale)
@@ -245,6 +249,7 @@ def orthogonalize_via_newton_schulz(
             out[i] = y
         return jax.tree_util.tree_unflatten(treedef, out), state
 
+    eager_update = jax.jit(update_fn)
     update_fn = gathered(update_fn, axis_name)
     return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
 
