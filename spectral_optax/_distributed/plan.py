@@ -41,7 +41,8 @@ segment, the ``m x m`` polynomial work split over the ``k`` devices by columns a
 (two all-gathers per step), so a device's flops are the whole matrix's over ``k`` plus the
 ``4 m^2 c`` of its block per segment (Qwen2.5-0.5B's ``896 x 4864`` in float32: 40.1 GFLOP whole,
 20.0 per device in 2 blocks, where the standard iteration on 2 blocks costs 46.2).
-A ``'power'`` start (``power_start``) adds its ``A_0^2``, formed whole on every device of a split.
+A ``'power'`` start (``power_start``) forms its ``A_0^2`` whole on every device of a standard split
+(:func:`split_block_flops`), by columns on a Gram-space one.
 
 Every device runs every group's program (one SPMD program), so the flops of
 a device are the sum over groups of ``flops(k)``.
@@ -331,21 +332,22 @@ def split_gram_costs(
     (:func:`~spectral_optax.newton_schulz` with ``method='gram'`` and ``axis_name``). With ``c``
     the block's columns, ``m' = k ceil(m / k)`` and ``j`` segments of ``K = steps`` steps, a block
     costs ``j 4 m^2 c + 2 m'^3 (4 K - 3 j) / k`` flops (the whole matrix's Gram-space flops,
-    :func:`~spectral_optax.expert.newton_schulz_flops`, its ``m^3`` part divided by ``k``), plus
-    ``2 m^3 (1 - 1 / k)`` for a ``'power'`` start (its ``A_0^2`` formed whole on every device);
-    bytes: ``j`` Gram all-reduces (upper triangles) and :func:`split_gram_gathers` all-gathers,
-    each receiving ``m'^2 (k - 1) / k`` elements."""
+    :func:`~spectral_optax.expert.newton_schulz_flops`, its ``m^3`` part divided by ``k``; a
+    ``'power'`` start's ``A_0^2`` is formed by columns too); bytes: ``j`` Gram all-reduces (upper
+    triangles) and :func:`split_gram_gathers` all-gathers (one more for a ``'power'`` start's
+    ``A_0^2``), each receiving ``m'^2 (k - 1) / k`` elements."""
     per = -(-count // (devices // k))
     cols = _block_columns(n, k, devices)
     rs = tuple(i for i in restarts if 0 < i < steps)
     j = 1 + len(rs)
     mp = -(-m // k) * k
     flops = j * 4 * m * m * cols + 2 * mp**3 * max(4 * steps - 3 * j, 1) // k
+    gathers = 0
     if power_start:
-        flops += 2 * m**3 - 2 * m**3 // k
+        gathers += 1  # A_0^2
         if 1 in rs or steps == 1:  # the first step in X-space: the Gram-space steps after it
             steps, rs = steps - 1, tuple(i - 1 for i in rs if i > 1)
-    gathers = split_gram_gathers(steps, rs) if steps else 0
+    gathers += split_gram_gathers(steps, rs) if steps else 0
     nbytes = (j * triangle(m) + gathers * mp * mp * (k - 1) // k) * compute_itemsize
     return float(per * flops), float(per * nbytes)
 

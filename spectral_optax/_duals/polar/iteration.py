@@ -115,7 +115,7 @@ def _guard(y, start, rank: int, psum):
     return jnp.where(ok[:, None, None], y, start.astype(y.dtype))
 
 
-def _precondition(x, preconditioning: str, safety: float, wide: bool, precision, psum):
+def _precondition(x, preconditioning: str, safety: float, wide: bool, precision, psum, square=None):
     """The iteration's start ``X_0`` and what was formed on the way: ``(X_0, A_0, A_0^2)``.
 
     ``x`` is Frobenius-normalized (``||x||_F = 1``) in the compute dtype. With
@@ -139,7 +139,8 @@ def _precondition(x, preconditioning: str, safety: float, wide: bool, precision,
 
     The scale factors are computed in float32 from the compute-dtype ``A``
     (and ``B^2``); ``A_0`` (and ``A_0^2``) serve the first step, so none adds a
-    matmul.
+    matmul. ``square``: how ``B^2`` is formed (default ``B B``; the split
+    Gram-space iteration forms it by columns, :func:`_columns_over`).
     """
     if preconditioning == "frobenius":
         return ((x / safety).astype(x.dtype) if safety != 1 else x), None, None
@@ -153,7 +154,7 @@ def _precondition(x, preconditioning: str, safety: float, wide: bool, precision,
             x0 = x.astype(g32.dtype) * jnp.sqrt(inv)
             return x0.astype(x.dtype), (g32 * inv).astype(gram.dtype), None
         b = (g32 * inv).astype(gram.dtype)
-        sq = _dot(b, b, 2, 1, precision)
+        sq = _dot(b, b, 2, 1, precision) if square is None else square(b)
         sq32 = sq.astype(g32.dtype)
         s8 = jnp.sqrt(jnp.sqrt(jnp.sum(jnp.square(sq32), axis=(1, 2))))
         mu = jnp.minimum(s8, POWER_SAFETY**2 * jnp.sqrt(_power_estimate(sq32, POWER_ITERATIONS)))
@@ -239,6 +240,29 @@ def _gram(x, table, wide: bool, precision, restarts: Sequence[int] = (), gram0=N
     return _apply(q, x, wide, precision)
 
 
+def _columns_over(axis_name, m: int):
+    """``(m', pad, cols, gather)`` for ``m x m`` products split by columns over ``axis_name``
+    (``k`` devices): ``m' = k ceil(m / k)``; ``pad`` zero-pads a batch of ``m x m`` matrices to
+    ``m' x m'``; ``cols`` takes this device's ``m' / k`` columns; ``gather`` all-gathers the
+    devices' columns into the whole matrix."""
+    names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    k = math.prod(jax.lax.axis_size(a) for a in names)
+    mp = -(-m // k) * k
+    w = mp // k
+    start = jax.lax.axis_index(tuple(names) if len(names) > 1 else names[0]) * w
+    pad = lambda a: a if mp == m else jnp.pad(a, ((0, 0), (0, mp - m), (0, mp - m)))
+    cols = lambda a: jax.lax.dynamic_slice_in_dim(a, start, w, axis=2)
+    gather = lambda b: jax.lax.all_gather(b, axis_name, axis=2, tiled=True)
+    return mp, pad, cols, gather
+
+
+def _split_square(axis_name, m: int, precision):
+    """``B -> B^2`` for a batch of symmetric ``m x m`` matrices ``B`` whole on every device of
+    ``axis_name``, formed by columns (``B B[:, J]``, ``2 m^3 / k`` flops) and all-gathered."""
+    mp, pad, cols, gather = _columns_over(axis_name, m)
+    return lambda b: gather(_dot(pad(b), cols(pad(b)), 2, 1, precision))[:, :m, :m]
+
+
 def _gram_split(x, table, precision, axis_name, restarts: Sequence[int] = (), gram0=None, sq0=None):
     """:func:`_gram` on a wide matrix split in column blocks over ``axis_name`` (``k`` devices),
     the ``m x m`` work split too.
@@ -252,17 +276,11 @@ def _gram_split(x, table, precision, axis_name, restarts: Sequence[int] = (), gr
     segment) where a whole one is needed. Flops per device for ``K`` steps in ``j`` segments:
     ``j 4 m^2 c + 2 m'^3 (4 K - 3 j) / k`` (:func:`_gram`'s, the ``m^3`` part divided by
     ``k``). The products are :func:`_gram`'s, column by column, so the result equals the
-    one-device iteration up to rounding.
+    one-device iteration up to rounding. (A ``'power'`` start's ``B^2`` is formed by columns
+    too, :func:`_split_square`: one more all-gather.)
     """
-    names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
-    k = math.prod(jax.lax.axis_size(a) for a in names)
     m = x.shape[-2]
-    mp = -(-m // k) * k
-    w = mp // k
-    start = jax.lax.axis_index(tuple(names) if len(names) > 1 else names[0]) * w
-    pad = lambda a: a if mp == m else jnp.pad(a, ((0, 0), (0, mp - m), (0, mp - m)))
-    cols = lambda a: jax.lax.dynamic_slice_in_dim(a, start, w, axis=2)
-    gather = lambda b: jax.lax.all_gather(b, axis_name, axis=2, tiled=True)
+    mp, pad, cols, gather = _columns_over(axis_name, m)
     mm = lambda a, b: _dot(a, b, 2, 1, precision)
     form = lambda x: pad(_form_gram(x, True, precision, lambda a: psum_symmetric(a, axis_name)))
     gram = pad(gram0) if gram0 is not None else form(x)
@@ -467,11 +485,13 @@ def newton_schulz(
     if axis_name is not None:
         wide, flip = sharded_axis == -1, False
         psum = lambda a: jax.lax.psum(a, axis_name)
+        split_gram = requested == "gram" and wide  # the Gram-space iteration, its m x m work split too
         x0, gram0, sq0 = _precondition(
-            xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: psum_symmetric(a, axis_name)
-        )
+            xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: psum_symmetric(a, axis_name),
+            _split_square(axis_name, m, prec) if split_gram else None,
+        )  # fmt: skip
         xc = x0
-        if requested == "gram" and wide:  # the Gram-space iteration, its m x m work split too
+        if split_gram:
             if restarts is None and auto_restarts is not None:
                 restarts = tuple(i for i in auto_restarts if i < steps_)
             rs = gram_restarts(steps_, cdtype, prec, restarts)
