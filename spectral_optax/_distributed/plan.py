@@ -34,9 +34,11 @@ group) and a block narrower than its Gram matrix (``c < m``) is updated as
 ``b (A X) + c A (A X)`` (``2 m^2 c`` for the Gram and ``4 m^2 c`` for the
 update, instead of ``2 m^3 + 2 m^2 c``): no device repeats the ``A^2`` product.
 
-A group whose whole matrices run the Gram-space iteration (``method='gram'``) and that is in no
-pack may run it on its split blocks too, where that scores lower (:func:`split_gram_costs`;
-packs are decided first, :func:`with_gram_splits`): ``X X^T`` summed once per
+A group of fewer matrices than devices (``B < N``: whole matrices leave devices idle) whose whole
+matrices run the Gram-space iteration (``method='gram'``) and that is in no pack may run it on its
+split blocks too, where that scores lower (:func:`split_gram_costs`; packs are decided first,
+:func:`with_gram_splits`; a group that fills every device keeps its whole matrices or the standard
+split, whose bytes are fewer): ``X X^T`` summed once per
 segment, the ``m x m`` polynomial work split over the ``k`` devices by columns and all-gathered
 (two all-gathers per step), so a device's flops are the whole matrix's over ``k`` plus the
 ``4 m^2 c`` of its block per segment (Qwen2.5-0.5B's ``896 x 4864`` in float32: 40.1 GFLOP whole,
@@ -272,8 +274,9 @@ def plan_group(
         :func:`default_flops_per_byte`).
       power_start: whether the iteration starts from the ``'power'`` preconditioning (its
         ``A_0^2``, ``2 m^3``, is formed whole on every device of a split: :func:`split_block_flops`).
-      gram_splits: whether a ``method='gram'`` group may run the Gram-space iteration on split
-        blocks (:func:`split_gram_costs`); ``False``: split blocks run the standard iteration.
+      gram_splits: whether a ``method='gram'`` group of fewer matrices than devices may run the
+        Gram-space iteration on split blocks (:func:`split_gram_costs`); ``False``: split blocks run
+        the standard iteration.
     """
     fpb = default_flops_per_byte() if flops_per_byte is None else float(flops_per_byte)
     whole = newton_schulz_flops(m, n, steps, method, restarts=restarts) if steps else 0
@@ -287,7 +290,7 @@ def plan_group(
             assert steps is not None
             flops, gram = split_costs(m, n, count, devices, k, steps, compute_itemsize, power_start)
             meth = "standard"
-            if method == "gram" and gram_splits:  # the Gram-space iteration on the blocks, if it scores lower
+            if method == "gram" and gram_splits and count < devices:  # Gram space on the blocks, if cheaper
                 g_flops, g_bytes = split_gram_costs(
                     m, n, count, devices, k, steps, restarts, compute_itemsize, power_start
                 )
