@@ -700,3 +700,79 @@ def test_pack_holds_at_the_default_flops_per_byte_on_64_devices():
     the code of 4ff537c to c478f8d)."""
     out = run_script(PACK_AT_THE_DEFAULT_FIGURE, devices=64)
     assert out.strip().endswith("ok"), out
+
+
+def test_split_gram_space_iteration_equals_one_device_on_8_devices():
+    """The Gram-space iteration on split matrices (issue 47 item 5): four 96 x 768 matrices (one
+    stored tall) on 8 devices, float32 at ``Precision.HIGHEST`` (where a whole matrix runs in Gram
+    space), planned with ``flops_per_byte=1`` so that the plan splits each in 2 column blocks and runs
+    the Gram-space iteration on them (``X X^T`` summed once, the ``96 x 96`` polynomial work split over
+    the 2 devices by columns and all-gathered). Compiled flops per device within 20% of the plan's, of
+    the one-device total / 8 (a group of fewer matrices than devices, as Qwen's; whole matrices: 2x) and
+    below the standard iteration on the same blocks; values equal the one-device run (rel 1e-5) and the
+    float64 NumPy reference (rel 1e-4). Then :func:`so.newton_schulz` with ``method='gram'`` and
+    ``axis_name`` in float64 on blocks over 8, 4 and 2 devices (``m`` = 12 not a multiple of 8: the
+    ``m x m`` matrices zero-padded; with and without restarts) equals the one-device Gram-space iteration
+    to 1e-12 (also from the 'power' start, its ``B^2`` formed by columns), and in bfloat16 (the
+    'power4' schedule, its first step in X-space) within 0.05."""
+    out = run_script(
+        REFERENCE
+        + CLOSE
+        + """
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+import spectral_optax as so
+from spectral_optax.expert import MUON_QUINTIC
+from spectral_optax.lab.cli import compiled_costs
+
+mesh = jax.make_mesh((8,), ("data",))
+rng = np.random.default_rng(0)
+grads = {f"l{i}": {"kernel": jnp.asarray(rng.normal(size=(96, 768)), jnp.float32)} for i in range(3)}
+grads["tall"] = {"kernel": jnp.asarray(rng.normal(size=(768, 96)), jnp.float32)}
+spec = lambda x: P(None, "data") if x.shape[1] % 8 == 0 and x.shape[1] > x.shape[0] else P("data", None)
+sharded = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), grads)
+tx = so.orthogonalize_via_newton_schulz(scale=1.0, compute_dtype=jnp.float32, flops_per_byte=1.0)
+plan = so.expert.orthogonalization_plan(sharded, compute_dtype=jnp.float32, flops_per_byte=1.0)
+print(plan)
+(g,) = plan.groups
+assert g.split == 2 and g.method == "gram", plan
+flops, _ = compiled_costs(jax.jit(tx.update), sharded, tx.init(sharded))
+standard = 5 * (4 * 96**2 * 384 + 2 * 96**3)  # the standard iteration on one 96 x 384 block
+print("flops", flops, "plan", plan.flops_per_device, "standard split", standard)
+assert plan.flops_per_device <= flops <= 1.2 * plan.flops_per_device < standard, (flops, plan.flops_per_device)
+# fewer matrices than devices (Qwen's case): within 1.2x the one-device total / 8 (whole matrices: 2x)
+assert flops <= 1.2 * plan.total_flops / 8, (flops, plan.total_flops / 8)
+got, _ = jax.jit(tx.update)(sharded, tx.init(sharded))
+one, _ = jax.jit(tx.update)(grads, tx.init(grads))
+for name in grads:
+    close(got[name]["kernel"], one[name]["kernel"], name)
+    want = ns_reference(grads[name]["kernel"], [MUON_QUINTIC] * 5)
+    err = np.max(np.abs(np.asarray(got[name]["kernel"], np.float64) - want)) / np.max(np.abs(want))
+    print(name, err)
+    assert err < 1e-4, (name, err)
+
+jax.config.update("jax_enable_x64", True)
+for dtype, coefficients, restarts, tol in (
+    (jnp.float64, "quintic", None, 1e-12),
+    (jnp.float64, "quintic", (2,), 1e-12),
+    (jnp.float64, "power4", None, 1e-12),  # the 'power' start: B^2 by columns, the first step in Gram space
+    (jnp.float64, "power4", (1,), 1e-12),  # ... the first step in X-space
+    (jnp.bfloat16, "auto", None, 0.05),
+):
+    for m, n, k in ((12, 48, 8), (16, 64, 4), (10, 48, 2)):
+        x = jnp.asarray(rng.normal(size=(3, m, n)), jnp.float64 if dtype == jnp.float64 else jnp.float32)
+        run = lambda b, axis_name=None: so.newton_schulz(
+            b, coefficients, compute_dtype=dtype, method="gram", restarts=restarts, axis_name=axis_name
+        )
+        sub = jax.make_mesh((k,), ("s",), devices=jax.devices()[:k])
+        split = jax.shard_map(lambda b: run(b, "s"), mesh=sub, in_specs=P(None, None, "s"), out_specs=P(None, None, "s"))
+        y = jax.jit(split)(jax.device_put(x, NamedSharding(sub, P(None, None, "s"))))
+        ref = run(x)
+        err = float(jnp.max(jnp.abs(y - ref)))
+        print(dtype.__name__, coefficients, restarts, m, n, k, err)
+        assert err < tol, err
+print("ok")
+""",
+        devices=8,
+    )
+    assert "ok" in out, out

@@ -111,15 +111,15 @@ def run_plan(
         if pad_b or pad_n:
             stacked = jnp.pad(stacked, ((0, pad_b), (0, 0), (0, pad_n)))
         if tiles == _COLUMNS and gp.owners == 1:
-            ortho = _split_everywhere(stacked, orthogonalize, mesh, mesh_order(mesh, axes))
+            ortho = _split_everywhere(stacked, orthogonalize, mesh, mesh_order(mesh, axes), gp.method)
         elif tiles == _COLUMNS:
-            ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, gp.split)
+            ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, gp.split, split_method=gp.method)
         elif tiles:
             ortho = _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles[:2])
         elif gp.split > 1 and gp.owners == 1 and mesh is not None:
-            ortho = _split_everywhere(stacked, orthogonalize, mesh, axes)
+            ortho = _split_everywhere(stacked, orthogonalize, mesh, axes, gp.method)
         elif gp.split > 1 and mesh is not None:
-            ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, gp.split)
+            ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, gp.split, split_method=gp.method)
         else:
             view = device_view((gp.owners, gp.split), ("_owners", "_split"))
             owned = jax.sharding.NamedSharding(view, P("_owners", None, "_split" if gp.split > 1 else None))
@@ -311,7 +311,9 @@ def _concrete_mesh():
     return None if _GET_CONCRETE_MESH is None else _GET_CONCRETE_MESH()
 
 
-def _split_in_groups(stacked, orthogonalize, mesh, owners, split, summed=None, whole_method=None):
+def _split_in_groups(
+    stacked, orthogonalize, mesh, owners, split, summed=None, whole_method=None, split_method="standard"
+):
     """``stacked`` ``(U, m, n')`` (``U`` a multiple of ``owners``, ``n'`` of ``split``) under
     ``shard_map`` on the devices viewed as ``(owners, split)`` (:func:`_group_view`): units
     dealt to the owner groups (``U / owners`` each, in order), columns cut in ``split``
@@ -319,7 +321,8 @@ def _split_in_groups(stacked, orthogonalize, mesh, owners, split, summed=None, w
     stack enters with its columns over every device and one all-to-all over the owner groups
     deals them, one brings them back), else contiguous ones (XLA's resharding to
     ``P('_owners', None, '_split')``). ``summed[u]`` (default all): unit ``u`` is one matrix,
-    its Gram matrix summed over the owner group every step (:func:`~spectral_optax.newton_schulz` with ``axis_name``);
+    its Gram matrix summed over the owner group every step (:func:`~spectral_optax.newton_schulz` with ``axis_name``,
+    by ``split_method``: ``'gram'``, once per segment, the ``m x m`` work split over the group too);
     else each of its blocks is a whole matrix (a pack) run alone, by ``whole_method``. Where
     owner groups of one local position differ, ``lax.cond`` on the owner-group index picks the
     branch (the all-reduce is in the summing branch only, taken by whole owner groups)."""
@@ -327,7 +330,7 @@ def _split_in_groups(stacked, orthogonalize, mesh, owners, split, summed=None, w
     per = stacked.shape[0] // owners
     table = np.ones((owners, per), bool) if summed is None else np.asarray(summed, bool).reshape(owners, per)
     spec = P("_owners", None, "_split")
-    run_split = lambda x: orthogonalize(x, "standard", "_split")
+    run_split = lambda x: orthogonalize(x, split_method, "_split")
     run_whole = lambda x: orthogonalize(x, whole_method)
 
     def body(x):
@@ -385,13 +388,13 @@ def _stacked(g: Geometry, count: int) -> Geometry:
     )
 
 
-def _split_everywhere(stacked, orthogonalize, mesh, axes):
+def _split_everywhere(stacked, orthogonalize, mesh, axes, method="standard"):
     """``stacked`` ``(B, m, n')`` orthogonalized with its columns cut over all ``axes`` of ``mesh``,
-    under ``shard_map``."""
+    under ``shard_map`` (the iteration ``method``: ``'standard'`` or the split ``'gram'``)."""
     mesh = context_mesh(mesh)
     spec = P(None, None, tuple(axes))
     stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, spec))
-    body = lambda block: orthogonalize(block, "standard", tuple(axes))
+    body = lambda block: orthogonalize(block, method, tuple(axes))
     return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(stacked)
 
 

@@ -34,6 +34,18 @@ group) and a block narrower than its Gram matrix (``c < m``) is updated as
 ``b (A X) + c A (A X)`` (``2 m^2 c`` for the Gram and ``4 m^2 c`` for the
 update, instead of ``2 m^3 + 2 m^2 c``): no device repeats the ``A^2`` product.
 
+A group of fewer matrices than devices (``B < N``: whole matrices leave devices idle) whose whole
+matrices run the Gram-space iteration (``method='gram'``) and that is in no pack may run it on its
+split blocks too, where that scores lower (:func:`split_gram_costs`; packs are decided first,
+:func:`with_gram_splits`; a group that fills every device keeps its whole matrices or the standard
+split, whose bytes are fewer): ``X X^T`` summed once per
+segment, the ``m x m`` polynomial work split over the ``k`` devices by columns and all-gathered
+(two all-gathers per step), so a device's flops are the whole matrix's over ``k`` plus the
+``4 m^2 c`` of its block per segment (Qwen2.5-0.5B's ``896 x 4864`` in float32: 40.1 GFLOP whole,
+20.0 per device in 2 blocks, where the standard iteration on 2 blocks costs 46.2).
+A ``'power'`` start (``power_start``) forms its ``A_0^2`` whole on every device of a standard split
+(:func:`split_block_flops`), by columns on a Gram-space one.
+
 Every device runs every group's program (one SPMD program), so the flops of
 a device are the sum over groups of ``flops(k)``.
 
@@ -71,6 +83,7 @@ __all__ = [
     "default_flops_per_byte",
     "pack_groups",
     "plan_group",
+    "with_gram_splits",
 ]
 
 #: Flops one byte through a collective is worth, per device kind: the chip's peak dense rate in
@@ -133,7 +146,8 @@ class GroupPlan:
       count: number of matrices ``B`` in the group.
       split: ``k``, the devices sharing one matrix (its columns cut in ``k`` blocks).
       owners: ``N / k`` owner groups the matrices are dealt to.
-      method: ``'standard'`` or ``'gram'`` (the iteration run; split matrices run ``'standard'``).
+      method: ``'standard'`` or ``'gram'`` (the iteration run; on split matrices ``'gram'`` is
+        :func:`split_gram_costs`'s route).
       flops: predicted matmul flops per device.
       whole_flops: flops of the whole group on one device.
       gram_bytes: bytes per device through the Gram all-reduces (``0`` when ``k = 1``).
@@ -239,6 +253,8 @@ def plan_group(
     paths: tuple[str, ...] = (),
     restarts: tuple[int, ...] = (),
     flops_per_byte: float | None = None,
+    power_start: bool = False,
+    gram_splits: bool = True,
 ) -> GroupPlan:
     """The cheapest split ``k`` of one group (module docstring); ``steps=None``
     (a user orthogonalization function) allows whole matrices only.
@@ -256,6 +272,11 @@ def plan_group(
       restarts: the Gram-space restarts of the whole-matrix iteration (``method='gram'``).
       flops_per_byte: flops one byte through the Gram all-reduce is worth (``None``:
         :func:`default_flops_per_byte`).
+      power_start: whether the iteration starts from the ``'power'`` preconditioning (its
+        ``A_0^2``, ``2 m^3``, is formed whole on every device of a split: :func:`split_block_flops`).
+      gram_splits: whether a ``method='gram'`` group of fewer matrices than devices may run the
+        Gram-space iteration on split blocks (:func:`split_gram_costs`); ``False``: split blocks run
+        the standard iteration.
     """
     fpb = default_flops_per_byte() if flops_per_byte is None else float(flops_per_byte)
     whole = newton_schulz_flops(m, n, steps, method, restarts=restarts) if steps else 0
@@ -267,8 +288,14 @@ def plan_group(
             flops, gram, meth = float(-(-count // devices) * whole), 0.0, method
         else:
             assert steps is not None
-            flops, gram = split_costs(m, n, count, devices, k, steps, compute_itemsize)
+            flops, gram = split_costs(m, n, count, devices, k, steps, compute_itemsize, power_start)
             meth = "standard"
+            if method == "gram" and gram_splits and count < devices:  # Gram space on the blocks, if cheaper
+                g_flops, g_bytes = split_gram_costs(
+                    m, n, count, devices, k, steps, restarts, compute_itemsize, power_start
+                )
+                if g_flops + fpb * g_bytes < flops + fpb * gram:
+                    flops, gram, meth = g_flops, g_bytes, "gram"
         move = float(2 * math.ceil(count * m * n / devices) * move_itemsize)
         plan = GroupPlan(m, n, count, k, devices // k, meth, flops, float(count * whole), gram, move, paths)
         score = flops + fpb * gram
@@ -279,14 +306,73 @@ def plan_group(
 
 
 def split_costs(
-    m: int, n: int, count: int, devices: int, k: int, steps: int, compute_itemsize: int
+    m: int, n: int, count: int, devices: int, k: int, steps: int, compute_itemsize: int, power_start: bool = False
 ) -> tuple[float, float]:
     """``(flops, gram bytes)`` per device of a group of ``count`` wide ``m x n`` matrices split in
-    ``k > 1`` column blocks (the columns padded as :func:`columns_multiple` says)."""
+    ``k > 1`` column blocks (the columns padded as :func:`columns_multiple` says), the standard
+    iteration on the blocks."""
     per = -(-count // (devices // k))
+    cols = _block_columns(n, k, devices)
+    return (
+        float(per * split_block_flops(m, cols, steps, power_start)),
+        float(per * steps * triangle(m) * compute_itemsize),
+    )
+
+
+def split_gram_costs(
+    m: int,
+    n: int,
+    count: int,
+    devices: int,
+    k: int,
+    steps: int,
+    restarts: tuple[int, ...],
+    compute_itemsize: int,
+    power_start: bool = False,
+) -> tuple[float, float]:
+    """``(flops, collective bytes)`` per device of the group of :func:`split_costs` running the
+    Gram-space iteration on its blocks, its ``m x m`` work split over the ``k`` devices too
+    (:func:`~spectral_optax.newton_schulz` with ``method='gram'`` and ``axis_name``). With ``c``
+    the block's columns, ``m' = k ceil(m / k)`` and ``j`` segments of ``K = steps`` steps, a block
+    costs ``j 4 m^2 c + 2 m'^3 (4 K - 3 j) / k`` flops (the whole matrix's Gram-space flops,
+    :func:`~spectral_optax.expert.newton_schulz_flops`, its ``m^3`` part divided by ``k``; a
+    ``'power'`` start's ``A_0^2`` is formed by columns too); bytes: ``j`` Gram all-reduces (upper
+    triangles) and :func:`split_gram_gathers` all-gathers (one more for a ``'power'`` start's
+    ``A_0^2``), each receiving ``m'^2 (k - 1) / k`` elements."""
+    per = -(-count // (devices // k))
+    cols = _block_columns(n, k, devices)
+    rs = tuple(i for i in restarts if 0 < i < steps)
+    j = 1 + len(rs)
+    mp = -(-m // k) * k
+    flops = j * 4 * m * m * cols + 2 * mp**3 * max(4 * steps - 3 * j, 1) // k
+    gathers = 0
+    if power_start:
+        gathers += 1  # A_0^2
+        if 1 in rs or steps == 1:  # the first step in X-space: the Gram-space steps after it
+            steps, rs = steps - 1, tuple(i - 1 for i in rs if i > 1)
+    gathers += split_gram_gathers(steps, rs) if steps else 0
+    nbytes = (j * triangle(m) + gathers * mp * mp * (k - 1) // k) * compute_itemsize
+    return float(per * flops), float(per * nbytes)
+
+
+def split_gram_gathers(steps: int, restarts: tuple[int, ...] = ()) -> int:
+    """All-gathers of one ``m' x m'`` matrix (by column blocks) in the split Gram-space iteration
+    of ``steps`` steps, restarting at ``restarts``: ``P`` where ``Q`` or ``R`` is updated by it,
+    ``R`` after every step but a segment's last, ``Q`` at the end of each segment."""
+    count, fresh = 0, True
+    for i in range(steps):
+        if i in restarts and not fresh:
+            count, fresh = count + 1, True
+        more = i < steps - 1 and i + 1 not in restarts
+        count += int(not fresh or more) + int(more)
+        fresh = False
+    return count + 1
+
+
+def _block_columns(n: int, k: int, devices: int) -> int:
+    """The block width of ``n`` columns split in ``k`` (padded as :func:`columns_multiple` says)."""
     step = columns_multiple(k, devices)
-    cols = -(-n // step) * step // k  # the padded columns' block
-    return float(per * split_block_flops(m, cols, steps)), float(per * steps * triangle(m) * compute_itemsize)
+    return -(-n // step) * step // k
 
 
 def columns_multiple(split: int, devices: int) -> int:
@@ -302,11 +388,14 @@ def triangle(m: int) -> int:
     return m * (m + 1) // 2
 
 
-def split_block_flops(m: int, cols: int, steps: int) -> int:
+def split_block_flops(m: int, cols: int, steps: int, power_start: bool = False) -> int:
     """Flops on one device of a matrix with ``m`` rows split in column blocks of width ``cols``
     (under ``shard_map``): ``steps 6 m^2 cols`` when the block is narrower than its Gram matrix
-    (``b (A X) + c A (A X)``), else ``steps (4 m^2 cols + 2 m^3)``."""
-    return steps * (6 * m * m * cols if cols < m else 4 * m * m * cols + 2 * m**3)
+    (``b (A X) + c A (A X)``), else ``steps (4 m^2 cols + 2 m^3)``. A ``'power'`` start forms
+    ``A_0^2`` whole (``2 m^3``, for its scale) and runs the first step as ``(b A_0 + c A_0^2) X_0``
+    (``2 m^2 cols``): on a narrow block ``2 m^3 - 2 m^2 cols`` more."""
+    extra = 2 * m**3 - 2 * m * m * cols if power_start and cols < m else 0
+    return steps * (6 * m * m * cols if cols < m else 4 * m * m * cols + 2 * m**3) + extra
 
 
 def pack_groups(
@@ -317,6 +406,7 @@ def pack_groups(
     compute_itemsize: int,
     whole_methods: dict | None = None,
     flops_per_byte: float | None = None,
+    power_start: bool = False,
 ) -> dict:
     """``plans`` (``{(m, n): GroupPlan}``) with a split group and a group of whole matrices of
     its block shape sharing one stack where that costs less than the two groups' own plans
@@ -332,6 +422,7 @@ def pack_groups(
       whole_methods: ``{(m, n): method}``, the whole-matrix iteration of each group (default:
         each plan's ``method``), run by a packed group.
       flops_per_byte: as in :func:`plan_group`.
+      power_start: as in :func:`plan_group`.
     """
     if not steps:
         return plans
@@ -350,7 +441,7 @@ def pack_groups(
             units = a.count + -(-b.count // k)
             per = -(-units // (devices // k))
             whole = b.whole_flops / b.count
-            flops = float(per * max(split_block_flops(a.m, cols, steps), whole))
+            flops = float(per * max(split_block_flops(a.m, cols, steps, power_start), whole))
             gram = float(per * steps * triangle(a.m) * compute_itemsize)
             gain = alone_a + b.flops + fpb * b.gram_bytes - flops - fpb * gram
             if gain > 0:
@@ -375,3 +466,12 @@ def pack_groups(
             packed_with=ka,
         )
     return plans
+
+
+def with_gram_splits(plans: dict, gram_plans: dict) -> dict:
+    """``plans`` (after :func:`pack_groups`, planned with ``gram_splits=False``) with every group in
+    no pack replaced by its plan in ``gram_plans`` (the same group planned with ``gram_splits=True``,
+    never costlier): packs are decided first, on the standard iteration's splits (a pack adds no
+    bytes; a Gram-space split adds two all-gathers per step), and only the groups left alone may
+    take the Gram-space split (module docstring)."""
+    return {key: p if p.packed_with is not None else gram_plans.get(key, p) for key, p in plans.items()}

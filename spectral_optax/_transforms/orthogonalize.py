@@ -39,13 +39,21 @@ import numpy as np
 import optax
 
 from spectral_optax._distributed.execute import run_plan
-from spectral_optax._distributed.plan import OrthogonalizationPlan, default_flops_per_byte, pack_groups, plan_group
+from spectral_optax._distributed.plan import (
+    GroupPlan,
+    OrthogonalizationPlan,
+    default_flops_per_byte,
+    pack_groups,
+    plan_group,
+    with_gram_splits,
+)
 from spectral_optax._distributed.wide import from_wide, to_wide
 from spectral_optax._duals.polar import (
     PRECONDITIONINGS,
     Coefficients,
     auto_schedule,
     default_compute_dtype,
+    default_preconditioning,
     gram_restarts,
     newton_schulz,
     newton_schulz_method,
@@ -276,8 +284,11 @@ def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, pre
     cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else jnp.dtype(default_compute_dtype())
     spec = resolve_coefficients(coefficients, steps, cdtype)  # 'auto': the iteration's dtype's
     n_steps = None if callable(spec) else len(spec[0])
-    plans, methods = {}, {}
+    plans: dict[tuple[int, int], GroupPlan] = {}
+    gram_plans: dict[tuple[int, int], GroupPlan] = {}
+    methods: dict[tuple[int, int], str] = {}
     auto = isinstance(coefficients, str) and coefficients.lower() == "auto"
+    power = any_power = not callable(spec) and default_preconditioning(coefficients) == "power"
     for (m, n), members in groups.items():
         dtype = jnp.dtype(jnp.result_type(*[flat[i][1].dtype for i, _ in members]))
         move = min(dtype.itemsize, cdtype.itemsize) if n_steps else dtype.itemsize
@@ -285,18 +296,24 @@ def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, pre
         if auto:  # the shape's own default schedule (auto_schedule), as newton_schulz runs it
             coef, auto_method, g_restarts = auto_schedule(m, n, cdtype)
             n_steps = len(resolve_coefficients(coef, steps, cdtype)[0])
+            power = default_preconditioning(coef) == "power"
+            any_power = any_power or power
             g_method = auto_method if method == "auto" else method
         whole = newton_schulz_method(m, n, n_steps, cdtype, g_method, precision) if n_steps else "standard"
         rs = gram_restarts(n_steps, cdtype, precision, g_restarts) if whole == "gram" and n_steps else ()
         methods[(m, n)] = whole
-        plans[(m, n)] = plan_group(
-            m, n, sum(g.num_slices for _, g in members), devices, steps=n_steps, method=whole,
-            compute_itemsize=cdtype.itemsize, move_itemsize=move,
-            paths=tuple(path_str(flat[i][0]) for i, _ in members), restarts=rs, flops_per_byte=fpb,
-        )  # fmt: skip
-    return pack_groups(
-        plans, devices, steps=n_steps, compute_itemsize=cdtype.itemsize, whole_methods=methods, flops_per_byte=fpb
-    )
+        for table, gram_splits in ((plans, False), (gram_plans, True)):
+            table[(m, n)] = plan_group(
+                m, n, sum(g.num_slices for _, g in members), devices, steps=n_steps, method=whole,
+                compute_itemsize=cdtype.itemsize, move_itemsize=move,
+                paths=tuple(path_str(flat[i][0]) for i, _ in members), restarts=rs, flops_per_byte=fpb,
+                power_start=power, gram_splits=gram_splits,
+            )  # fmt: skip
+    packed = pack_groups(
+        plans, devices, steps=n_steps, compute_itemsize=cdtype.itemsize, whole_methods=methods, flops_per_byte=fpb,
+        power_start=any_power,
+    )  # fmt: skip
+    return with_gram_splits(packed, gram_plans)
 
 
 def _within_replicas(groups, flat, mesh, axes, specs, plan_args):

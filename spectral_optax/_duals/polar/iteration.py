@@ -115,7 +115,7 @@ def _guard(y, start, rank: int, psum):
     return jnp.where(ok[:, None, None], y, start.astype(y.dtype))
 
 
-def _precondition(x, preconditioning: str, safety: float, wide: bool, precision, psum):
+def _precondition(x, preconditioning: str, safety: float, wide: bool, precision, psum, square=None):
     """The iteration's start ``X_0`` and what was formed on the way: ``(X_0, A_0, A_0^2)``.
 
     ``x`` is Frobenius-normalized (``||x||_F = 1``) in the compute dtype. With
@@ -139,7 +139,8 @@ def _precondition(x, preconditioning: str, safety: float, wide: bool, precision,
 
     The scale factors are computed in float32 from the compute-dtype ``A``
     (and ``B^2``); ``A_0`` (and ``A_0^2``) serve the first step, so none adds a
-    matmul.
+    matmul. ``square``: how ``B^2`` is formed (default ``B B``; the split
+    Gram-space iteration forms it by columns, :func:`_columns_over`).
     """
     if preconditioning == "frobenius":
         return ((x / safety).astype(x.dtype) if safety != 1 else x), None, None
@@ -153,7 +154,7 @@ def _precondition(x, preconditioning: str, safety: float, wide: bool, precision,
             x0 = x.astype(g32.dtype) * jnp.sqrt(inv)
             return x0.astype(x.dtype), (g32 * inv).astype(gram.dtype), None
         b = (g32 * inv).astype(gram.dtype)
-        sq = _dot(b, b, 2, 1, precision)
+        sq = _dot(b, b, 2, 1, precision) if square is None else square(b)
         sq32 = sq.astype(g32.dtype)
         s8 = jnp.sqrt(jnp.sqrt(jnp.sum(jnp.square(sq32), axis=(1, 2))))
         mu = jnp.minimum(s8, POWER_SAFETY**2 * jnp.sqrt(_power_estimate(sq32, POWER_ITERATIONS)))
@@ -239,6 +240,69 @@ def _gram(x, table, wide: bool, precision, restarts: Sequence[int] = (), gram0=N
     return _apply(q, x, wide, precision)
 
 
+def _columns_over(axis_name, m: int):
+    """``(m', pad, cols, gather)`` for ``m x m`` products split by columns over ``axis_name``
+    (``k`` devices): ``m' = k ceil(m / k)``; ``pad`` zero-pads a batch of ``m x m`` matrices to
+    ``m' x m'``; ``cols`` takes this device's ``m' / k`` columns; ``gather`` all-gathers the
+    devices' columns into the whole matrix."""
+    names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    k = math.prod(jax.lax.axis_size(a) for a in names)
+    mp = -(-m // k) * k
+    w = mp // k
+    start = jax.lax.axis_index(tuple(names) if len(names) > 1 else names[0]) * w
+    pad = lambda a: a if mp == m else jnp.pad(a, ((0, 0), (0, mp - m), (0, mp - m)))
+    cols = lambda a: jax.lax.dynamic_slice_in_dim(a, start, w, axis=2)
+    gather = lambda b: jax.lax.all_gather(b, axis_name, axis=2, tiled=True)
+    return mp, pad, cols, gather
+
+
+def _split_square(axis_name, m: int, precision):
+    """``B -> B^2`` for a batch of symmetric ``m x m`` matrices ``B`` whole on every device of
+    ``axis_name``, formed by columns (``B B[:, J]``, ``2 m^3 / k`` flops) and all-gathered."""
+    mp, pad, cols, gather = _columns_over(axis_name, m)
+    return lambda b: gather(_dot(pad(b), cols(pad(b)), 2, 1, precision))[:, :m, :m]
+
+
+def _gram_split(x, table, precision, axis_name, restarts: Sequence[int] = (), gram0=None, sq0=None):
+    """:func:`_gram` on a wide matrix split in column blocks over ``axis_name`` (``k`` devices),
+    the ``m x m`` work split too.
+
+    Each device holds ``X_b`` (``m x c``). ``R_0 = sum_b X_b X_b^T`` is summed once per segment
+    (:func:`~spectral_optax._mesh.collectives.psum_symmetric`); every ``m x m`` matrix is then
+    formed by columns: device ``i`` computes the columns ``J_i`` (``m' / k`` of them, ``m`` padded
+    to ``m' = k ceil(m / k)`` with zeros) of ``R^2``, ``P = a I + b R + c R^2``, ``Q <- P Q`` and
+    ``R <- P R P`` from the whole ``R`` and ``P`` (``P R P[:, J] = P (R P[:, J])``), and
+    all-gathers ``P`` and ``R`` (two all-gathers of ``m'^2`` elements per step, one of ``Q`` per
+    segment) where a whole one is needed. Flops per device for ``K`` steps in ``j`` segments:
+    ``j 4 m^2 c + 2 m'^3 (4 K - 3 j) / k`` (:func:`_gram`'s, the ``m^3`` part divided by
+    ``k``). The products are :func:`_gram`'s, column by column, so the result equals the
+    one-device iteration up to rounding. (A ``'power'`` start's ``B^2`` is formed by columns
+    too, :func:`_split_square`: one more all-gather.)
+    """
+    m = x.shape[-2]
+    mp, pad, cols, gather = _columns_over(axis_name, m)
+    mm = lambda a, b: _dot(a, b, 2, 1, precision)
+    form = lambda x: pad(_form_gram(x, True, precision, lambda a: psum_symmetric(a, axis_name)))
+    gram = pad(gram0) if gram0 is not None else form(x)
+    eye_b = cols(jnp.eye(mp, dtype=gram.dtype)[None])
+    qb = None
+    last = len(table) - 1
+    for i, (a, b, c) in enumerate(table):
+        if i in restarts and qb is not None:
+            x = mm(gather(qb)[:, :m, :m], x)
+            gram, qb = form(x), None
+        rb = cols(gram)
+        square_b = cols(pad(sq0)) if i == 0 and sq0 is not None else mm(gram, rb)
+        poly_b = a * eye_b + b * rb + c * square_b
+        more = i < last and i + 1 not in restarts
+        poly = gather(poly_b) if (qb is not None or more) else None
+        qb = poly_b if qb is None else mm(poly, qb)
+        if more:
+            gram = gather(mm(poly, mm(gram, poly_b)))
+            gram = 0.5 * (gram + jnp.swapaxes(gram, 1, 2))
+    return mm(gather(qb)[:, :m, :m], x)
+
+
 def newton_schulz(
     x: jax.Array,
     coefficients: Coefficients = "auto",
@@ -312,7 +376,12 @@ def newton_schulz(
         forms the Gram matrix by contracting the split axis and ``psum``-s
         it (``X X^T`` for split columns, ``X^T X`` for split rows), so each
         device updates its own block and the result equals the unsharded
-        iteration (standard method). ``None``: ``x`` holds whole matrices.
+        iteration (standard method). With ``method='gram'`` and split
+        columns the Gram-space iteration runs instead, its ``m x m`` work
+        split over the devices too (``X X^T`` summed once per segment, the
+        ``m x m`` products formed by columns and all-gathered; the result
+        equals the unsharded Gram-space iteration); ``'auto'`` means
+        standard here. ``None``: ``x`` holds whole matrices.
       sharded_axis: ``-1`` (columns, e.g. a Flax kernel sharded on its
         fan-out axis) or ``-2`` (rows); used with ``axis_name`` only.
       preconditioning: how the start ``X_0`` is scaled so that every singular
@@ -352,6 +421,7 @@ def newton_schulz(
     if method not in ("auto", "standard", "gram"):
         raise ValueError(f"method must be 'auto', 'standard' or 'gram', got {method!r}")
     out_dtype = x.dtype
+    requested = method  # with axis_name: 'gram' asks for the split Gram-space iteration (_gram_split)
     cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else default_compute_dtype()
     *_lead, m, n = x.shape
     auto_restarts: tuple[int, ...] | None = None
@@ -415,14 +485,26 @@ def newton_schulz(
     if axis_name is not None:
         wide, flip = sharded_axis == -1, False
         psum = lambda a: jax.lax.psum(a, axis_name)
+        split_gram = requested == "gram" and wide  # the Gram-space iteration, its m x m work split too
         x0, gram0, sq0 = _precondition(
-            xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: psum_symmetric(a, axis_name)
-        )
+            xc, preconditioning, 1.0 if frobenius else safety, wide, prec, lambda a: psum_symmetric(a, axis_name),
+            _split_square(axis_name, m, prec) if split_gram else None,
+        )  # fmt: skip
         xc = x0
-        if sq0 is not None:
-            xc, table = _first_step(xc, table, wide, prec, gram0, sq0)
-            gram0 = None
-        y = _standard(xc, table, wide, prec, axis_name, gram0)
+        if split_gram:
+            if restarts is None and auto_restarts is not None:
+                restarts = tuple(i for i in auto_restarts if i < steps_)
+            rs = gram_restarts(steps_, cdtype, prec, restarts)
+            if sq0 is not None and (1 in rs or steps_ == 1):  # the first step in X-space, as below
+                xc, table = _first_step(xc, table, wide, prec, gram0, sq0)
+                gram0 = sq0 = None
+                rs = tuple(i - 1 for i in rs if i > 1)
+            y = _gram_split(xc, table, prec, axis_name, rs, gram0, sq0) if table else xc
+        else:
+            if sq0 is not None:
+                xc, table = _first_step(xc, table, wide, prec, gram0, sq0)
+                gram0 = None
+            y = _standard(xc, table, wide, prec, axis_name, gram0)
     else:
         psum = lambda a: a
         use_gram = _use_gram(method, m, n, steps_, cdtype, prec)
