@@ -79,9 +79,9 @@ def run_plan(
     Gram sums over each owner group's ``k`` devices (:func:`_split_in_groups`), which also runs a
     pack (:func:`~spectral_optax._distributed.plan.pack_groups`: the packed group's matrices ``k`` side by
     side in a unit whose Gram matrices are not summed, :func:`_packed`; both groups staged by
-    columns when both are 2-D tiles, :func:`_columns_route`, :func:`_packed_columns`). Fused-fan-out leaves of
-    one geometry and layout are cut into their blocks as one stack (:func:`_fused_local`,
-    :func:`_fused_units`).
+    columns when both are 2-D tiles or one-axis layouts, :func:`_columns_route`,
+    :func:`_packed_columns`). Fused-fan-out leaves of one geometry and layout are cut into their
+    blocks as one stack (:func:`_fused_local`, :func:`_fused_units`).
     """
     it, spec_it = iter(leaves), iter(specs or [None] * len(leaves))
     inputs = {key: ([next(it) for _ in members], [next(spec_it) for _ in members]) for key, members in groups.items()}
@@ -131,10 +131,10 @@ def run_plan(
 
 
 def _columns_route(gp, members, xs, ss, mesh, axes) -> bool:
-    """Whether a group is staged with its columns over every device by one all-to-all per tiling
+    """Whether a group is staged with its columns over every device by one collective per layout
     (:func:`_stage_columns`): a split group, or either group of a pack, of matrices (or stacks of them
-    on unsharded batch axes) tiled over the two mesh axes (:func:`_wide_tilings`) whose columns the
-    devices divide (:func:`_deals`)."""
+    on unsharded batch axes) tiled over the two mesh axes, or on a one-axis mesh with rows, columns or
+    nothing sharded (:func:`_column_layouts`), whose columns the devices divide (:func:`_deals`)."""
     if mesh is None or (gp.split == 1 and gp.packed_with is None) or not _deals(gp.n, gp.owners * gp.split):
         return False
     if len(_fused_units(xs, members, ss)) != len(xs):
@@ -543,11 +543,14 @@ def _columns_of_tiles(block, mesh, tiling, names, back: bool = False):
 
 
 def _stage_columns(tilings, members, xs, scale_of, compute_dtype, coefficients, mesh, axes, specs=None):
-    """A split group of 2-D tiled matrices (:func:`_wide_tilings`) staged with its columns over every
-    device (what :func:`_split_in_groups` and :func:`_split_everywhere` take), each tiling's matrices
-    moved by one all-to-all (:func:`_columns_of_tiles`) instead of XLA's partitioner, whose program
-    goes through a one-axis layout leaf by leaf and grows as leaves x devices (docs/sharding.md,
-    "2-D layouts"). ``(stacked, _COLUMNS, finish)`` as :func:`_stage`."""
+    """A split group (or either group of a pack) of 2-D tiled matrices, or of matrices in one-axis layouts
+    (:func:`_column_layouts`), staged with its columns over every device (what :func:`_split_in_groups`
+    and :func:`_split_everywhere` take), each layout's matrices moved by one collective
+    (:func:`_columns_of`) instead of XLA's partitioner, whose program reshards leaf by leaf and grows as
+    leaves x devices (docs/sharding.md, "2-D layouts"). With ``specs`` (Explicit meshes) each leaf is
+    held in its spec on the way in and out; ``shard_alike`` with the gradient (the other case) lets
+    XLA's propagation move each leaf to another layout and back (docs/lab_log.md, 2026-12-07 (9b)).
+    ``(stacked, _COLUMNS, finish)`` as :func:`_stage`."""
     names = mesh_order(mesh, axes)
     # a square matrix with its rows over the devices is taken transposed (NS(G^T) = NS(G)^T): its columns
     # are then the sharded ones, and it moves not at all (as _rows_sharded in _stage)
