@@ -541,6 +541,11 @@ for s in (1, 2, 7, 16, 33):
         np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=str(s))
     sent = collective_bytes(f.lower(x).compile().as_text())["all-reduce"]
     assert sent == 3 * (s * (s + 1) // 2) * 4, (s, sent)
+# an all-gather counts what each device receives: the 4 devices' (3, 5) blocks, not its own one
+g = jax.jit(jax.shard_map(lambda a: jax.lax.all_gather(a, "d", tiled=True), mesh=mesh, in_specs=P("d"),
+                          out_specs=P(None), check_vma=False))
+y = jax.device_put(jnp.ones((4, 3, 5), jnp.float32), jax.sharding.NamedSharding(mesh, P("d")))
+assert collective_bytes(g.lower(y).compile().as_text()).get("all-gather") == 4 * 3 * 5 * 4
 print("ok")
 """,
         devices=4,

@@ -270,11 +270,14 @@ def _type_bytes(type_str: str) -> int:
 
 
 def collective_bytes(hlo_text: str) -> dict[str, int]:
-    """Operand bytes of every collective op in an HLO module's text, by op name.
+    """Bytes of every collective op in an HLO module's text, by op name.
 
     Each instruction ``%name = TYPE op(%a, %b, ...)`` defines ``name``'s type;
     a collective's bytes are the sizes of its operands' types (one device's
-    share of the data it puts into the collective).
+    share of the data it puts into the collective), except an all-gather's,
+    which are its result's (what each device receives and holds: ``k`` times
+    its operand over ``k`` devices; counted by the operand, a gather over many
+    devices would look almost free).
     """
     types: dict[str, str] = {}
     calls = []
@@ -294,13 +297,16 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
                         break
                     depth -= 1
                 args += ch
-            calls.append((op.removesuffix("-start"), [a.strip().lstrip("%") for a in args.split(",") if a.strip()]))
+            operands = [a.strip().lstrip("%") for a in args.split(",") if a.strip()]
+            calls.append((op.removesuffix("-start"), operands, type_str, op.endswith("-start")))
     out: dict[str, int] = {}
-    for op, operands in calls:
+    for op, operands, result, is_start in calls:
         nbytes = 0
         for a in operands:
             a = a.split(" ")[-1].lstrip("%")  # "f32[..] %x" or "%x"
             nbytes += _type_bytes(types.get(a, ""))
+        if op == "all-gather":  # the result (an async start's result is the tuple (operands, result))
+            nbytes = _type_bytes(result) - (nbytes if is_start else 0)
         out[op] = out.get(op, 0) + nbytes
     return out
 
