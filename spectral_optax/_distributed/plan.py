@@ -36,7 +36,7 @@ update, instead of ``2 m^3 + 2 m^2 c``): no device repeats the ``A^2`` product.
 
 A group of fewer matrices than devices (``B < N``: whole matrices leave devices idle) whose whole
 matrices run the Gram-space iteration (``method='gram'``) and that is in no pack may run it on its
-split blocks too, where that scores lower (:func:`split_gram_costs`; packs are decided first,
+split blocks too, where that scores lower (``split_gram_costs``; packs are decided first,
 :func:`with_gram_splits`; a group that fills every device keeps its whole matrices or the standard
 split, whose bytes are fewer): ``X X^T`` summed once per
 segment, the ``m x m`` polynomial work split over the ``k`` devices by columns and all-gathered
@@ -147,7 +147,7 @@ class GroupPlan:
       split: ``k``, the devices sharing one matrix (its columns cut in ``k`` blocks).
       owners: ``N / k`` owner groups the matrices are dealt to.
       method: ``'standard'`` or ``'gram'`` (the iteration run; on split matrices ``'gram'`` is
-        :func:`split_gram_costs`'s route).
+        ``split_gram_costs``'s route).
       flops: predicted matmul flops per device.
       whole_flops: flops of the whole group on one device.
       gram_bytes: bytes per device through the Gram all-reduces (``0`` when ``k = 1``).
@@ -275,7 +275,7 @@ def plan_group(
       power_start: whether the iteration starts from the ``'power'`` preconditioning (its
         ``A_0^2``, ``2 m^3``, is formed whole on every device of a split: :func:`split_block_flops`).
       gram_splits: whether a ``method='gram'`` group of fewer matrices than devices may run the
-        Gram-space iteration on split blocks (:func:`split_gram_costs`); ``False``: split blocks run
+        Gram-space iteration on split blocks (``split_gram_costs``); ``False``: split blocks run
         the standard iteration.
     """
     fpb = default_flops_per_byte() if flops_per_byte is None else float(flops_per_byte)
