@@ -278,7 +278,7 @@ OPTIMIZERS = {
 def test_packed_pack_of_2d_tiles_on_a_4_by_4_explicit_mesh():
     """The pack above with every kernel tiled ``P('data', 'model')`` on a 4 x 4 Explicit mesh (the 2-D
     "tiles" layout of Llama 1.2B on 256 devices at 1/16 of the size): both groups reach their columns
-    over every device by one all-to-all per tiling (``_stage_columns``), the whole matrices their units by
+    over every device by one all-to-all per tiling (``stage_columns``), the whole matrices their units by
     one all-to-all over each owner group's 4 devices (``_packed_columns``), then the deal. Compiled flops
     within 5% of the plan; collectives all-to-alls and the Gram all-reduces only (XLA's one-axis
     reshard of the pack moved 1.6x the bytes, collective-permutes and all-gathers among them); values
