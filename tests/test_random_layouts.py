@@ -136,8 +136,9 @@ COMPILE_DRAWS_SLOW = [
         marks=pytest.mark.xfail(
             strict=True,
             reason="collectives 3.08x the shard against the 3x target since all-gathers count what a device "
-            "receives (2026-12-07; 29.1 of the 31.5 GB per device are all-gathers, not yet traced to their "
-            "leaves; flops 1.01x, temp 16.8 GiB hold): open, issue 47",
+            "receives (2026-12-07; 29.1 of the 31.5 GB per device are all-gathers, most of them sharding "
+            "constraints gathering whole (16, 2048, 2048) layer stacks; flops 1.01x, temp 16.8 GiB hold): open, "
+            "issue 47",
         ),
     ),
     (256, "llama1b", False, 1, 1, "explicit", 4),
