@@ -38,6 +38,7 @@ from jax.sharding import PartitionSpec as P
 from spectral_optax._distributed.columns import COLUMNS, column_layouts, stage_columns, wide_tilings
 from spectral_optax._distributed.plan import columns_multiple
 from spectral_optax._distributed.resident import resident_axes, stage_resident
+from spectral_optax._distributed.stepwise import one_axis_steps, through
 from spectral_optax._distributed.wide import from_wide, move_dtype, to_wide
 from spectral_optax._geometry import Geometry, from_matrix, to_matrix
 from spectral_optax._mesh.layout import (
@@ -171,9 +172,14 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
         unit_s = [None] * len(units)
     # on a mesh of several Auto axes a leaf's layout is XLA's (no spec: explicit_spec gives None), maybe a 2-D tiling
     unknown = mesh is not None and not tiles and len(axes) >= 2 and not is_explicit(context_mesh(mesh), axes)
+    # a leaf tiled over several mesh axes goes to one axis of its own first, one mesh axis at a time
+    names = mesh_order(mesh, axes) if mesh is not None else ()
+    steps = [
+        one_axis_steps(g, sp, names, devices) if cut is None else [] for g, sp, (cut, _) in zip(unit_g, unit_s, local)
+    ]
     mats = [
-        _via_one_axis(cut(x) if cut else _wide_to_move(x, g, devices), sp, devices, unknown)
-        for x, g, sp, (cut, _) in zip(unit_x, unit_g, unit_s, local)
+        _via_one_axis(cut(x) if cut else _wide_to_move(through(x, st, mesh), g, devices), sp, devices, unknown)
+        for x, g, sp, (cut, _), st in zip(unit_x, unit_g, unit_s, local, steps)
     ]
     if tiles:
         flips = tiles[2]
@@ -187,7 +193,7 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
 
     def finish(ortho):
         start, done = 0, {}
-        for u, g, sp, (_, join), flip in zip(units, unit_g, unit_s, local, flips):
+        for u, g, sp, (_, join), flip, st in zip(units, unit_g, unit_s, local, flips, steps):
             block = _via_one_axis(ortho[start : start + g.num_slices], sp, devices, unknown)
             block = jnp.swapaxes(block, 1, 2) if flip else block
             start += g.num_slices
@@ -197,6 +203,7 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
             else:
                 factor = jnp.repeat(jnp.asarray(factors), g.num_slices // len(u))[:, None, None]
             block = from_wide(block, g, factor, xs[u[0]].dtype, join)
+            block = through(block, [*st[-2::-1], sp], mesh) if st else block
             block = block if join else blocks_local(block, g, devices)  # fused blocks joined locally
             done.update({i: block[j] for j, i in enumerate(u)} if len(u) > 1 else {u[0]: block})
         return [shard_alike(done[i], x)[0] for i, x in enumerate(xs)]

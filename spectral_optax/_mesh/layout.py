@@ -384,10 +384,15 @@ def replica_axes(mesh, axes: Sequence[str], specs: Sequence[Any]) -> tuple[str, 
     """The leading axes of ``mesh`` among ``axes`` that no spec of ``specs`` names, when every spec is
     known (``Explicit`` meshes): parameters are replicated over them (the replica axis of multi-slice
     training, whose links are the slow ones), so the orthogonalization runs within each replica group
-    (docs/sharding.md, "3-D meshes"). Empty when the specs are unknown or name no axis at all."""
-    if mesh is None or not axes or any(sp is None for sp in specs):
+    (docs/sharding.md, "3-D meshes"). A leaf without a spec is replicated where every axis of ``axes``
+    is ``Explicit`` (its layout is in its type), else unknown. Empty when a spec is unknown or none
+    names an axis."""
+    if mesh is None or not axes:
         return ()
-    named = {a for sp in specs for entry in sp for a in spec_axes(entry)}
+    types = _axis_types(mesh)
+    if any(sp is None for sp in specs) and any(types.get(a) != "Explicit" for a in axes):
+        return ()
+    named = {a for sp in specs if sp is not None for entry in sp for a in spec_axes(entry)}
     if not named & set(axes):
         return ()
     lead = []
