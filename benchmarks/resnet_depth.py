@@ -44,7 +44,7 @@ PRESETS = {
     # -66), the five optimizers, each grid extended (twice at most) where its best sits at an edge.
     "cpu_paper": {"depths": (2, 4, 8), "stages": 4, "width": 8, "batch_size": 32, "steps": 100, "num_lrs": 5,
                   "optimizers": ("muon", "moga1.5", "moga2", "moga2.5", "adamw"), "dtype": "float32",
-                  "extend_edges": 2},
+                  "extend_edges": 4},
     # Not measured yet (no accelerator in the session that wrote it); meant for --data cifar100:DIR.
     "gpu": {"depths": (2, 4, 8), "stages": 4, "width": 16, "batch_size": 128, "steps": 4000, "num_lrs": 9,
             "optimizers": ("muon", "moga1.5", "moga2", "moga2.5", "adamw"), "dtype": "bfloat16"},
