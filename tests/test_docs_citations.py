@@ -23,7 +23,7 @@ DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p
 CODE = sorted((ROOT / "spectral_optax").rglob("*.py")) + sorted((ROOT / "tools").glob("*.py"))
 FOLDERS = ("docs", "tests", "tools", "benchmarks", "spectral_optax", "notebooks", ".ci")
 _TOP = "|".join(re.escape(f) for f in FOLDERS)
-FILE = re.compile(rf"(?<![\w/.-])((?:{_TOP})/[\w./-]*\w\.(?:py|md|txt|sh|png|svg|json|npz|ipynb|toml|cfg))")
+FILE = re.compile(rf"(?<![\w/.-])((?:{_TOP})/[\w./-]*\w\.(?:py|md|txt|sh|png|svg|jsonl|json|npz|ipynb|toml|cfg))(?!\w)")
 NAME = re.compile(r"(?<![\w.])(spectral_optax|so|si|st)((?:\.[A-Za-z_]\w*)+)")
 ALIASES = {"so": "spectral_optax", "si": "spectral_optax.initializers", "st": "spectral_optax.transfer"}
 
