@@ -318,7 +318,7 @@ def _co_placed(stacks, tiles, orthogonalize, mesh, axes, devices: int):
     for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
         table[a:b] = i
     padded = [jnp.pad(s, ((a, devices - b), (0, 0), (0, 0))) for s, a, b in zip(stacks, offsets[:-1], offsets[1:])]
-    run = lambda i: lambda *bs: tuple(orthogonalize(b) if j == i else b for j, b in enumerate(bs))
+    run = lambda i: lambda *bs: tuple(orthogonalize(b).astype(b.dtype) if j == i else b for j, b in enumerate(bs))
     branches = [run(i) for i in range(len(stacks))] + [lambda *bs: bs]
     if not any(tiles):
         abstract, view = _group_view(mesh, (devices, 1))

@@ -164,7 +164,7 @@ class GroupPlan:
         on the split group the flops and bytes are the pack's, on the packed group zero.
       packed_count: on the split group of a pack, the number of matrices packed into its units.
       shared: the groups (``(m, n)`` keys, this one among them) whose whole matrices share the
-        devices, one matrix per device, in slot order (:func:`co_place`); on the first the flops
+        devices, one matrix per device, in slot order (the plan's ``co_place``); on the first the flops
         are the set's, on the others zero. Empty when the group has the devices to itself.
     """
 
