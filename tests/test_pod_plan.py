@@ -781,3 +781,47 @@ print("ok")
         devices=8,
     )
     assert "ok" in out, out
+
+
+SHARED = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import spectral_optax as so
+from spectral_optax.expert import newton_schulz_flops
+
+shapes = {"a": {"kernel": (3, 64, 64)}, "b": {"kernel": (4, 64, 128)}, "c": {"kernel": (128, 64)}}
+matrix = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
+geometry = {"^(a|b)/kernel$": matrix, "^c/kernel$": matrix}
+specs = {"a": {"kernel": P(None, "data", None)}, "b": {"kernel": P(None, None, "data")}, "c": {"kernel": P("data", None)}}
+mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+keys = iter(jax.random.split(jax.random.key(0), 8))
+grads = jax.tree.map(lambda s: jax.random.normal(next(keys), s), shapes, is_leaf=lambda s: isinstance(s, tuple))
+tx = so.muon(0.02, geometry=geometry, ns_coefficients="quintic", flops_per_byte=1e6)
+step = lambda g: tx.update(g, tx.init(g), g)[0]
+want = jax.jit(step)(grads)
+g = jax.tree.map(lambda x, sp: jax.device_put(x, NamedSharding(mesh, sp)), grads, specs)
+with jax.set_mesh(mesh):
+    plan = so.expert.orthogonalization_plan(g, geometry=geometry, ns_coefficients="quintic", flops_per_byte=1e6)
+    got = jax.jit(step)(g)
+    cost = jax.jit(step).lower(g).compile().cost_analysis()
+by_shape = {(p.m, p.n): p for p in plan.groups}
+assert by_shape[(64, 64)].shared == by_shape[(64, 128)].shared == ((64, 128), (64, 64)), str(plan)
+square, wide = (newton_schulz_flops(64, n, 5, "standard") for n in (64, 128))
+assert plan.flops_per_device == wide, str(plan)  # the costliest matrix, not one of each group
+flops = (cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"]
+assert 0.95 * wide <= flops <= 1.1 * wide < square + wide, (flops, wide, square)
+for (path, a), b, sp in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want), jax.tree.leaves(specs)):
+    close(a, b, jax.tree_util.keystr(path))
+    assert a.sharding.is_equivalent_to(NamedSharding(mesh, sp), a.ndim), (path, a.sharding)
+print("ok")
+"""
+
+
+def test_groups_of_whole_matrices_share_the_devices_on_8_devices():
+    """Two groups of whole matrices, 3 squares of 64 and 5 of 64 x 128 (one stored tall), 8 in all,
+    on 8 devices where splits cost too much (``flops_per_byte=1e6``): the plan deals them one per
+    device (``co_place``), each device running its own matrix's iteration only, so the compiled
+    flops per device are one 64 x 128 matrix's (not one of each group); values equal one device's
+    and every update keeps its parameter's layout."""
+    out = run_script(CLOSE + SHARED, devices=8)
+    assert out.strip().endswith("ok"), out

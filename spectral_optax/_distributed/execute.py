@@ -36,6 +36,7 @@ from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
 from spectral_optax._distributed.columns import COLUMNS, column_layouts, stage_columns, wide_tilings
+from spectral_optax._distributed.deal import columns_deal, tile_deal
 from spectral_optax._distributed.plan import columns_multiple
 from spectral_optax._distributed.resident import resident_axes, stage_resident
 from spectral_optax._distributed.stepwise import one_axis_steps, through
@@ -99,6 +100,14 @@ def run_plan(
     done: dict = {}
     for key in groups:
         gp, (stacked, tiles, _) = plan[key], staged[key]
+        if gp.shared:  # whole matrices of several groups, one per device (co_place)
+            if key not in done:
+                shared = [staged[k] for k in gp.shared]
+                outs = _co_placed(
+                    [x for x, _, _ in shared], [t for _, t, _ in shared], orthogonalize, mesh, axes, gp.owners
+                )
+                done.update(zip(gp.shared, outs))
+            continue
         if gp.packed_with is not None:
             if gp.split > 1:
                 other = plan[gp.packed_with]
@@ -137,8 +146,10 @@ def _columns_route(gp, members, xs, ss, mesh, axes) -> bool:
     (:func:`stage_columns`): a split group, or either group of a pack, of matrices (or stacks of them
     on unsharded batch axes) tiled over the two mesh axes, or on a one-axis mesh with rows, columns or
     nothing sharded (:func:`column_layouts`), whose columns the devices divide (:func:`_deals`)."""
-    if mesh is None or (gp.split == 1 and gp.packed_with is None) or not _deals(gp.n, gp.owners * gp.split):
+    if mesh is None or (gp.split == 1 and gp.packed_with is None and not gp.shared):
         return False
+    if not _deals(gp.n, gp.owners * gp.split) or (gp.shared and _common_tiling(members, ss, axes)):
+        return False  # a group sharing the devices goes from a common 2-D tiling by its tiles
     if len(_fused_units(xs, members, ss)) != len(xs):
         return False
     return column_layouts([g for _, g in members], ss, axes, is_explicit(mesh, axes)) is not None
@@ -163,8 +174,9 @@ def _stage(gp, members, xs, ss, scale_of, compute_dtype, coefficients, mesh, axe
     if columns:  # 2-D tilings / one-axis layouts: to full columns and back by one all-to-all per layout each way
         tilings = column_layouts([g for _, g in members], ss, axes, is_explicit(mesh, axes))
         return stage_columns(tilings, members, xs, scale_of, compute_dtype, coefficients, mesh, axes, ss)
-    tiles = _common_tiling(members, ss, axes) if gp.split == 1 and gp.packed_with is None and mesh is not None else None
-    if not tiles and gp.split == 1 and gp.packed_with is None and mesh is not None and len(units) == len(xs):
+    whole = gp.split == 1 and gp.packed_with is None and mesh is not None
+    tiles = _common_tiling(members, ss, axes) if whole else None
+    if not tiles and whole and not gp.shared and len(units) == len(xs):
         resident = resident_axes(members, ss, mesh, axes, devices)
         if resident is not None:  # stacks sharded on a batch axis over every device: dealt where they are
             return stage_resident(resident, members, xs, scale_of, compute_dtype, coefficients, devices)
@@ -288,6 +300,56 @@ def _packed_columns(split, whole, gp, whole_method, orthogonalize, mesh, axes):
     summed = [True] * count_a + [False] * (stacked.shape[0] - count_a)
     ortho = _split_in_groups(stacked, orthogonalize, mesh, gp.owners, k, summed, whole_method)
     return ortho[:count_a], regroup(ortho[count_a:total], back=True)[:count_b]
+
+
+def _co_placed(stacks, tiles, orthogonalize, mesh, axes, devices: int):
+    """Stacks of whole matrices (``(B_i, m_i, n_i)``, ``sum B_i <= N``) of several groups sharing the
+    ``N`` devices (:func:`~spectral_optax._distributed.plan.co_place`): stack ``i`` zero-padded to
+    ``N`` matrices with its own on the slots after stack ``i - 1``'s, every stack dealt one matrix
+    per device, and under ``shard_map`` each device orthogonalizes the matrix of its slot only
+    (``lax.switch`` on its index; the other blocks pass through). A stack whose ``tiles[i]`` is a
+    common 2-D tiling (:func:`_common_tiling`) is dealt from its tiles by one all-to-all
+    (:func:`~spectral_optax._distributed.deal.tile_deal`), one staged by columns (``COLUMNS``,
+    :func:`stage_columns`) from its columns (:func:`~spectral_optax._distributed.deal.columns_deal`),
+    the others by XLA from ``P(axes)`` on their first axis (the devices in mesh order, as the
+    others are dealt). The orthogonalized stacks, each ``(B_i, m_i, n_i)``."""
+    offsets = np.cumsum([0] + [s.shape[0] for s in stacks])
+    table = np.full(devices, len(stacks), np.int32)  # a device past the last slot idles
+    for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        table[a:b] = i
+    padded = [jnp.pad(s, ((a, devices - b), (0, 0), (0, 0))) for s, a, b in zip(stacks, offsets[:-1], offsets[1:])]
+    run = lambda i: lambda *bs: tuple(orthogonalize(b).astype(b.dtype) if j == i else b for j, b in enumerate(bs))
+    branches = [run(i) for i in range(len(stacks))] + [lambda *bs: bs]
+    if not any(tiles):
+        abstract, view = _group_view(mesh, (devices, 1))
+        spec = P("_owners", None, None)
+
+        def body(*blocks):
+            return jax.lax.switch(jnp.asarray(table)[jax.lax.axis_index("_owners")], branches, *blocks)
+
+        with jax.sharding.use_abstract_mesh(abstract):
+            padded = [jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(abstract, spec)) for x in padded]
+            outs = jax.shard_map(body, mesh=view, in_specs=(spec,) * len(padded), out_specs=(spec,) * len(padded))(
+                *padded
+            )
+        return [o[a:b] for o, a, b in zip(outs, offsets[:-1], offsets[1:])]
+    m = context_mesh(mesh)
+    names = mesh_order(mesh, axes)
+    sizes = dict(m.shape)
+    specs = [P(None, None, names) if t == COLUMNS else P(None, *t[:2]) if t else P(names, None, None) for t in tiles]
+    deals = [columns_deal(names) if t == COLUMNS else tile_deal(m, axes, t) if t else None for t in tiles]
+
+    def tiled_body(*blocks):
+        index = 0
+        for a in names:  # the device's position in mesh order over ``axes``
+            index = index * sizes[a] + jax.lax.axis_index(a)
+        whole = [d[0](b) if d else b for b, d in zip(blocks, deals)]
+        ys = jax.lax.switch(jnp.asarray(table)[index], branches, *whole)
+        return tuple(d[1](y, b.shape) if d else y for y, b, d in zip(ys, blocks, deals))
+
+    padded = [jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(m, sp)) for x, sp in zip(padded, specs)]
+    outs = jax.shard_map(tiled_body, mesh=m, in_specs=tuple(specs), out_specs=tuple(specs))(*padded)
+    return [o[a:b] for o, a, b in zip(outs, offsets[:-1], offsets[1:])]
 
 
 def _group_view(mesh, shape):
@@ -429,24 +491,10 @@ def _owned_from_tiles(stacked, orthogonalize, mesh, axes, tiles):
     tile of each from every device, reassembled locally), and one brings the tiles back. XLA's
     partitioner would go through a one-axis layout (two all-to-alls each way)."""
     mesh = context_mesh(mesh)
-    names = mesh_order(mesh, axes)  # the all-to-all's device order
-    sizes = dict(mesh.shape)
-    r, c = sizes[tiles[0]], sizes[tiles[1]]
-    rows_first = names[0] == tiles[0]
-    spec = P(None, *tiles)
-    n_dev = r * c
-
-    def body(block):
-        b, mr, nc = block.shape
-        x = jax.lax.all_to_all(block.reshape(n_dev, b // n_dev, mr, nc), names, 0, 0, tiled=True)
-        x = x.reshape(*((r, c) if rows_first else (c, r)), b // n_dev, mr, nc)
-        x = x.transpose((2, 0, 3, 1, 4) if rows_first else (2, 1, 3, 0, 4)).reshape(b // n_dev, r * mr, c * nc)
-        y = orthogonalize(x)
-        y = y.reshape(b // n_dev, r, mr, c, nc).transpose((1, 3, 0, 2, 4) if rows_first else (3, 1, 0, 2, 4))
-        y = jax.lax.all_to_all(y.reshape(n_dev, b // n_dev, mr, nc), names, 0, 0, tiled=True)
-        return y.reshape(b, mr, nc)
-
+    deal, back = tile_deal(mesh, axes, tiles)
+    spec = P(None, *tiles[:2])
     stacked = jax.lax.with_sharding_constraint(stacked, jax.sharding.NamedSharding(mesh, spec))
+    body = lambda block: back(orthogonalize(deal(block)), block.shape)
     return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(stacked)
 
 

@@ -42,6 +42,7 @@ from spectral_optax._distributed.execute import run_plan
 from spectral_optax._distributed.plan import (
     GroupPlan,
     OrthogonalizationPlan,
+    co_place,
     default_flops_per_byte,
     pack_groups,
     plan_group,
@@ -313,7 +314,7 @@ def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, pre
         plans, devices, steps=n_steps, compute_itemsize=cdtype.itemsize, whole_methods=methods, flops_per_byte=fpb,
         power_start=any_power,
     )  # fmt: skip
-    return with_gram_splits(packed, gram_plans)
+    return co_place(with_gram_splits(packed, gram_plans), devices, whole_methods=methods, flops_per_byte=fpb)
 
 
 def _within_replicas(groups, flat, mesh, axes, specs, plan_args):
