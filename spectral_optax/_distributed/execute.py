@@ -143,7 +143,8 @@ def run_plan(
 
 def _columns_route(gp, members, xs, ss, mesh, axes) -> bool:
     """Whether a group is staged with its columns over every device by one collective per layout
-    (:func:`stage_columns`): a split group, or either group of a pack, of matrices (or stacks of them
+    (:func:`stage_columns`): a split group, either group of a pack, or a group sharing the devices
+    (``co_place``) that has no common 2-D tiling (:func:`_common_tiling`), of matrices (or stacks of them
     on unsharded batch axes) tiled over the two mesh axes, or on a one-axis mesh with rows, columns or
     nothing sharded (:func:`column_layouts`), whose columns the devices divide (:func:`_deals`)."""
     if mesh is None or (gp.split == 1 and gp.packed_with is None and not gp.shared):
