@@ -36,7 +36,7 @@ from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
 from spectral_optax._distributed.columns import COLUMNS, column_layouts, stage_columns, wide_tilings
-from spectral_optax._distributed.deal import columns_deal, tile_deal
+from spectral_optax._distributed.deal import blocks_of, shared_deal, tile_deal
 from spectral_optax._distributed.plan import columns_multiple
 from spectral_optax._distributed.resident import resident_axes, stage_resident
 from spectral_optax._distributed.stepwise import one_axis_steps, through
@@ -305,15 +305,16 @@ def _packed_columns(split, whole, gp, whole_method, orthogonalize, mesh, axes):
 
 def _co_placed(stacks, tiles, orthogonalize, mesh, axes, devices: int):
     """Stacks of whole matrices (``(B_i, m_i, n_i)``, ``sum B_i <= N``) of several groups sharing the
-    ``N`` devices (:func:`~spectral_optax._distributed.plan.co_place`): stack ``i`` zero-padded to
-    ``N`` matrices with its own on the slots after stack ``i - 1``'s, every stack dealt one matrix
-    per device, and under ``shard_map`` each device orthogonalizes the matrix of its slot only
-    (``lax.switch`` on its index; the other blocks pass through). A stack whose ``tiles[i]`` is a
-    common 2-D tiling (:func:`_common_tiling`) is dealt from its tiles by one all-to-all
-    (:func:`~spectral_optax._distributed.deal.tile_deal`), one staged by columns (``COLUMNS``,
-    :func:`stage_columns`) from its columns (:func:`~spectral_optax._distributed.deal.columns_deal`),
-    the others by XLA from ``P(axes)`` on their first axis (the devices in mesh order, as the
-    others are dealt). The orthogonalized stacks, each ``(B_i, m_i, n_i)``."""
+    ``N`` devices (:func:`~spectral_optax._distributed.plan.co_place`): stack ``i``'s matrices on the
+    slots after stack ``i - 1``'s, one matrix per device, and under ``shard_map`` each device
+    orthogonalizes the matrix of its slot only (``lax.switch`` on its index; the other blocks pass
+    through). Stacks tiled by a common 2-D tiling (:func:`_common_tiling`) or staged by columns
+    (``COLUMNS``, :func:`stage_columns`) are dealt from their blocks together, by one all-to-all
+    each way per dtype (:func:`~spectral_optax._distributed.deal.shared_deal`: every block
+    flattened and padded to the largest, so the all-to-all moves the largest matrix's size, not
+    every stack's); the others are zero-padded to ``N`` matrices and dealt by XLA from ``P(axes)``
+    on their first axis (the devices in mesh order, as the others are dealt). The orthogonalized
+    stacks, each ``(B_i, m_i, n_i)``."""
     offsets = np.cumsum([0] + [s.shape[0] for s in stacks])
     table = np.full(devices, len(stacks), np.int32)  # a device past the last slot idles
     for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
@@ -338,19 +339,57 @@ def _co_placed(stacks, tiles, orthogonalize, mesh, axes, devices: int):
     names = mesh_order(mesh, axes)
     sizes = dict(m.shape)
     specs = [P(None, None, names) if t == COLUMNS else P(None, *t[:2]) if t else P(names, None, None) for t in tiles]
-    deals = [columns_deal(names) if t == COLUMNS else tile_deal(m, axes, t) if t else None for t in tiles]
+    counts = [s.shape[0] for s in stacks]
+    assemble = [
+        blocks_of(m, axes, None if t == COLUMNS else t[:2], s.shape[1:]) if t else None for s, t in zip(stacks, tiles)
+    ]
+    whole = [jax.ShapeDtypeStruct(s.shape[1:], s.dtype) for s in stacks]
+    blocks = [jax.eval_shape(a[1], w).shape if a else None for w, a in zip(whole, assemble)]
+    width = [int(np.prod(b[1:])) if b else 0 for b in blocks]
+    kinds = sorted({s.dtype.name for s, t in zip(stacks, tiles) if t})  # one all-to-all each way per dtype
+    deal, back = shared_deal(names, counts, width, devices)
+    own = [kinds.index(s.dtype.name) if t else None for s, t in zip(stacks, tiles)]
 
-    def tiled_body(*blocks):
+    def dealt(i):  # branch i: the device's matrix of stack i, from its blocks (or its own slot)
+        def run(*operands):
+            bufs, rest = list(operands[: len(kinds)]), list(operands[len(kinds) :])
+            if own[i] is None:
+                rest[i] = orthogonalize(rest[i]).astype(rest[i].dtype)
+                return (*bufs, *rest)
+            buf = bufs[own[i]]
+            join, cut = assemble[i]
+            whole = join(buf[:, : width[i]].reshape(blocks[i]))[None]
+            y = cut(orthogonalize(whole).astype(whole.dtype)[0]).reshape(devices, width[i])
+            bufs[own[i]] = jnp.pad(y, ((0, 0), (0, buf.shape[1] - width[i]))).astype(buf.dtype)
+            return (*bufs, *rest)
+
+        return run
+
+    branches = [dealt(i) for i in range(len(stacks))] + [lambda *xs: xs]
+
+    def tiled_body(*local):
         index = 0
         for a in names:  # the device's position in mesh order over ``axes``
             index = index * sizes[a] + jax.lax.axis_index(a)
-        whole = [d[0](b) if d else b for b, d in zip(blocks, deals)]
-        ys = jax.lax.switch(jnp.asarray(table)[index], branches, *whole)
-        return tuple(d[1](y, b.shape) if d else y for y, b, d in zip(ys, blocks, deals))
+        bufs = [
+            deal([x if own[i] == k else None for i, x in enumerate(local)], jnp.dtype(kind))
+            for k, kind in enumerate(kinds)
+        ]
+        rest = [None if t else x for x, t in zip(local, tiles)]
+        outs = jax.lax.switch(jnp.asarray(table)[index], branches, *bufs, *rest)
+        got = [
+            back(buf, [(c, *b[1:]) if o == k else None for c, b, o in zip(counts, blocks, own)])
+            for k, buf in enumerate(outs[: len(kinds)])
+        ]
+        return tuple(
+            outs[len(kinds) + i] if own[i] is None else got[own[i]][i].astype(local[i].dtype)
+            for i in range(len(stacks))
+        )
 
+    padded = [s if t else p for s, p, t in zip(stacks, padded, tiles)]  # dealt stacks are not padded
     padded = [jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(m, sp)) for x, sp in zip(padded, specs)]
     outs = jax.shard_map(tiled_body, mesh=m, in_specs=tuple(specs), out_specs=tuple(specs))(*padded)
-    return [o[a:b] for o, a, b in zip(outs, offsets[:-1], offsets[1:])]
+    return [o if t else o[a:b] for o, t, a, b in zip(outs, tiles, offsets[:-1], offsets[1:])]
 
 
 def _group_view(mesh, shape):
