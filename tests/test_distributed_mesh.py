@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import pytest
 
 import spectral_optax as so
-from spectral_optax._distributed import execute  # private: JAX's mesh accessor is seen by no public output
+from spectral_optax._distributed import views  # private: JAX's mesh accessor is seen by no public output
 from spectral_optax._distributed.plan import default_flops_per_byte  # private: the public plan reads only this host
 
 H100 = 989e12 / 450e9  # bfloat16 dense peak over NVLink 4 per direction (H100 / H200 SXM datasheets)
@@ -28,12 +28,12 @@ CPU = 7.4e12 / 25e9  # a 96-core EPYC 9654's float32 peak over a 200 Gbit/s host
 
 
 def test_concrete_mesh_accessor_is_found_and_reads_set_mesh_inside_jit():
-    assert execute._GET_CONCRETE_MESH is not None, "the abstract-view fallback would be taken on this JAX"
+    assert views.GET_CONCRETE_MESH is not None, "the abstract-view fallback would be taken on this JAX"
     mesh = jax.make_mesh((1,), ("data",))
     seen = []
 
     def f(x):
-        seen.append(execute._concrete_mesh())
+        seen.append(views.concrete_mesh())
         return x
 
     jax.jit(f)(jnp.ones(2))

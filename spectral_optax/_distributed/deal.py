@@ -11,7 +11,10 @@ import numpy as np
 
 from spectral_optax._mesh.layout import mesh_order
 
-__all__ = ["blocks_of", "shared_deal", "tile_deal"]
+__all__ = ["ROWS", "blocks_of", "shared_deal", "tile_deal"]
+
+#: A stack staged with its rows over every device (``P(None, axes, None)``; :func:`blocks_of`).
+ROWS = "rows"
 
 
 def tile_deal(mesh, axes, tiles):
@@ -43,13 +46,16 @@ def blocks_of(mesh, axes, tiles, shape):
     """``(join, cut)`` for one whole ``m x n`` matrix (``shape``) whose blocks lie on the ``N``
     devices of ``axes`` (in mesh order): ``join(x)`` assembles ``x`` ``(N, *block)``, device ``s``'s
     block at ``s``, into the matrix, ``cut(y)`` is its inverse. ``tiles`` is ``(rows, cols)``
-    (the matrix tiled ``P(rows, cols)``, blocks ``(m / r, n / c)``) or ``None`` (columns over
-    every device, blocks ``(m, n / N)``)."""
+    (the matrix tiled ``P(rows, cols)``, blocks ``(m / r, n / c)``), ``None`` (columns over
+    every device, blocks ``(m, n / N)``) or :data:`ROWS` (rows over every device, blocks
+    ``(m / N, n)``)."""
     names = mesh_order(mesh, axes)
     sizes = dict(mesh.shape)
     m, n = shape
+    d = int(np.prod([sizes[a] for a in names]))
+    if tiles == ROWS:
+        return (lambda x: x.reshape(m, n)), (lambda y: y.reshape(d, m // d, n))
     if tiles is None:
-        d = int(np.prod([sizes[a] for a in names]))
         join = lambda x: x.transpose(1, 0, 2).reshape(m, n)
         cut = lambda y: y.reshape(m, d, n // d).transpose(1, 0, 2)
         return join, cut

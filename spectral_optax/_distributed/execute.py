@@ -26,8 +26,6 @@ batched iteration.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,10 +34,12 @@ from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
 from spectral_optax._distributed.columns import COLUMNS, column_layouts, stage_columns, wide_tilings
-from spectral_optax._distributed.deal import blocks_of, shared_deal, tile_deal
+from spectral_optax._distributed.deal import tile_deal
 from spectral_optax._distributed.plan import columns_multiple
 from spectral_optax._distributed.resident import resident_axes, stage_resident
+from spectral_optax._distributed.shared import co_placed
 from spectral_optax._distributed.stepwise import one_axis_steps, through
+from spectral_optax._distributed.views import group_view
 from spectral_optax._distributed.wide import from_wide, move_dtype, to_wide
 from spectral_optax._geometry import Geometry, from_matrix, to_matrix
 from spectral_optax._mesh.layout import (
@@ -52,14 +52,6 @@ from spectral_optax._mesh.layout import (
 )
 
 __all__ = ["run_plan"]
-
-_GET_CONCRETE_MESH: Callable[[], Any] | None
-try:  # no public accessor in JAX 0.10 (see _concrete_mesh)
-    from jax._src import mesh as _jax_mesh
-
-    _GET_CONCRETE_MESH = _jax_mesh.get_concrete_mesh
-except (ImportError, AttributeError):  # pragma: no cover  (tests/test_distributed_mesh.py fails on the supported JAX)
-    _GET_CONCRETE_MESH = None
 
 
 def run_plan(
@@ -103,9 +95,11 @@ def run_plan(
         if gp.shared:  # whole matrices of several groups, one per device (co_place)
             if key not in done:
                 shared = [staged[k] for k in gp.shared]
-                outs = _co_placed(
-                    [x for x, _, _ in shared], [t for _, t, _ in shared], orthogonalize, mesh, axes, gp.owners
-                )
+                splits = [plan[k].split for k in gp.shared]
+                outs = co_placed(
+                    [x for x, _, _ in shared], [t for _, t, _ in shared], splits, orthogonalize, mesh, axes,
+                    gp.owners * gp.split,
+                )  # fmt: skip
                 done.update(zip(gp.shared, outs))
             continue
         if gp.packed_with is not None:
@@ -272,18 +266,19 @@ def _packed_columns(split, whole, gp, whole_method, orthogonalize, mesh, axes):
     device order (:func:`stage_columns`): ``split`` ``(B_A, m, k c)``, ``whole`` ``(B_B, m, c)``.
 
     The whole matrices go to units without XLA's resharding: one all-to-all over the ``k`` devices
-    of each owner group (``'_split'`` of :func:`_group_view`) takes the stack from ``P(None, None,
-    ('_owners', '_split'))`` to ``P('_split', None, '_owners')`` (device ``(o, s)``: column block
-    ``o`` of the ``s``-th ``B_B / k`` of the matrices), which read locally is the unit stack ``(B_B
-    / k, m, k c)`` with its columns over every device: unit ``u``'s block on device ``(o, s)`` is
-    block ``o`` of matrix ``s B_B / k + u``, so the deal of :func:`_split_in_groups` (all-to-all over
-    the owner groups) hands device ``(o, s)`` that whole matrix, its columns in order. The way back
-    is the inverse all-to-all. ``(split result, whole result)``."""
+    of each owner group (``'_split'`` of :func:`~spectral_optax._distributed.views.group_view`)
+    takes the stack from ``P(None, None, ('_owners', '_split'))`` to ``P('_split', None,
+    '_owners')`` (device ``(o, s)``: column block ``o`` of the ``s``-th ``B_B / k`` of the
+    matrices), which read locally is the unit stack ``(B_B / k, m, k c)`` with its columns over
+    every device: unit ``u``'s block on device ``(o, s)`` is block ``o`` of matrix ``s B_B / k +
+    u``, so the deal of :func:`_split_in_groups` (all-to-all over the owner groups) hands device
+    ``(o, s)`` that whole matrix, its columns in order. The way back is the inverse all-to-all.
+    ``(split result, whole result)``."""
     k = gp.split
     count_a, count_b = split.shape[0], whole.shape[0]
     if -count_b % k:
         whole = jnp.pad(whole, ((0, -count_b % k), (0, 0), (0, 0)))
-    abstract, view = _group_view(mesh, (gp.owners, k))
+    abstract, view = group_view(mesh, (gp.owners, k))
     spec = P(None, None, ("_owners", "_split"))
     barrier = jax.lax.optimization_barrier  # materialized, as in _split_in_groups
 
@@ -303,140 +298,23 @@ def _packed_columns(split, whole, gp, whole_method, orthogonalize, mesh, axes):
     return ortho[:count_a], regroup(ortho[count_a:total], back=True)[:count_b]
 
 
-def _co_placed(stacks, tiles, orthogonalize, mesh, axes, devices: int):
-    """Stacks of whole matrices (``(B_i, m_i, n_i)``, ``sum B_i <= N``) of several groups sharing the
-    ``N`` devices (:func:`~spectral_optax._distributed.plan.co_place`): stack ``i``'s matrices on the
-    slots after stack ``i - 1``'s, one matrix per device, and under ``shard_map`` each device
-    orthogonalizes the matrix of its slot only (``lax.switch`` on its index; the other blocks pass
-    through). Stacks tiled by a common 2-D tiling (:func:`_common_tiling`) or staged by columns
-    (``COLUMNS``, :func:`stage_columns`) are dealt from their blocks together, by one all-to-all
-    each way per dtype (:func:`~spectral_optax._distributed.deal.shared_deal`: every block
-    flattened and padded to the largest, so the all-to-all moves the largest matrix's size, not
-    every stack's); the others are zero-padded to ``N`` matrices and dealt by XLA from ``P(axes)``
-    on their first axis (the devices in mesh order, as the others are dealt). The orthogonalized
-    stacks, each ``(B_i, m_i, n_i)``."""
-    offsets = np.cumsum([0] + [s.shape[0] for s in stacks])
-    table = np.full(devices, len(stacks), np.int32)  # a device past the last slot idles
-    for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
-        table[a:b] = i
-    padded = [jnp.pad(s, ((a, devices - b), (0, 0), (0, 0))) for s, a, b in zip(stacks, offsets[:-1], offsets[1:])]
-    run = lambda i: lambda *bs: tuple(orthogonalize(b).astype(b.dtype) if j == i else b for j, b in enumerate(bs))
-    branches = [run(i) for i in range(len(stacks))] + [lambda *bs: bs]
-    if not any(tiles):
-        abstract, view = _group_view(mesh, (devices, 1))
-        spec = P("_owners", None, None)
-
-        def body(*blocks):
-            return jax.lax.switch(jnp.asarray(table)[jax.lax.axis_index("_owners")], branches, *blocks)
-
-        with jax.sharding.use_abstract_mesh(abstract):
-            padded = [jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(abstract, spec)) for x in padded]
-            outs = jax.shard_map(body, mesh=view, in_specs=(spec,) * len(padded), out_specs=(spec,) * len(padded))(
-                *padded
-            )
-        return [o[a:b] for o, a, b in zip(outs, offsets[:-1], offsets[1:])]
-    m = context_mesh(mesh)
-    names = mesh_order(mesh, axes)
-    sizes = dict(m.shape)
-    specs = [P(None, None, names) if t == COLUMNS else P(None, *t[:2]) if t else P(names, None, None) for t in tiles]
-    counts = [s.shape[0] for s in stacks]
-    assemble = [
-        blocks_of(m, axes, None if t == COLUMNS else t[:2], s.shape[1:]) if t else None for s, t in zip(stacks, tiles)
-    ]
-    whole = [jax.ShapeDtypeStruct(s.shape[1:], s.dtype) for s in stacks]
-    blocks = [jax.eval_shape(a[1], w).shape if a else None for w, a in zip(whole, assemble)]
-    width = [int(np.prod(b[1:])) if b else 0 for b in blocks]
-    kinds = sorted({s.dtype.name for s, t in zip(stacks, tiles) if t})  # one all-to-all each way per dtype
-    deal, back = shared_deal(names, counts, width, devices)
-    own = [kinds.index(s.dtype.name) if t else None for s, t in zip(stacks, tiles)]
-
-    def dealt(i):  # branch i: the device's matrix of stack i, from its blocks (or its own slot)
-        def run(*operands):
-            bufs, rest = list(operands[: len(kinds)]), list(operands[len(kinds) :])
-            if own[i] is None:
-                rest[i] = orthogonalize(rest[i]).astype(rest[i].dtype)
-                return (*bufs, *rest)
-            buf = bufs[own[i]]
-            join, cut = assemble[i]
-            whole = join(buf[:, : width[i]].reshape(blocks[i]))[None]
-            y = cut(orthogonalize(whole).astype(whole.dtype)[0]).reshape(devices, width[i])
-            bufs[own[i]] = jnp.pad(y, ((0, 0), (0, buf.shape[1] - width[i]))).astype(buf.dtype)
-            return (*bufs, *rest)
-
-        return run
-
-    branches = [dealt(i) for i in range(len(stacks))] + [lambda *xs: xs]
-
-    def tiled_body(*local):
-        index = 0
-        for a in names:  # the device's position in mesh order over ``axes``
-            index = index * sizes[a] + jax.lax.axis_index(a)
-        bufs = [
-            deal([x if own[i] == k else None for i, x in enumerate(local)], jnp.dtype(kind))
-            for k, kind in enumerate(kinds)
-        ]
-        rest = [None if t else x for x, t in zip(local, tiles)]
-        outs = jax.lax.switch(jnp.asarray(table)[index], branches, *bufs, *rest)
-        got = [
-            back(buf, [(c, *b[1:]) if o == k else None for c, b, o in zip(counts, blocks, own)])
-            for k, buf in enumerate(outs[: len(kinds)])
-        ]
-        return tuple(
-            outs[len(kinds) + i] if own[i] is None else got[own[i]][i].astype(local[i].dtype)
-            for i in range(len(stacks))
-        )
-
-    padded = [s if t else p for s, p, t in zip(stacks, padded, tiles)]  # dealt stacks are not padded
-    padded = [jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(m, sp)) for x, sp in zip(padded, specs)]
-    outs = jax.shard_map(tiled_body, mesh=m, in_specs=tuple(specs), out_specs=tuple(specs))(*padded)
-    return [o if t else o[a:b] for o, t, a, b in zip(outs, tiles, offsets[:-1], offsets[1:])]
-
-
-def _group_view(mesh, shape):
-    """The devices of ``mesh`` (in its order) viewed as an ``(owners, split)`` mesh with axes
-    ``('_owners', '_split')``: ``(abstract mesh, mesh for shard_map)``. Under ``jax.set_mesh``
-    ``shard_map`` lowers on the concrete mesh, so the view is then a concrete ``Mesh`` of the same
-    devices reshaped (``P(('_owners', '_split'))`` is ``P(axes)`` of the leaves' mesh; the owner
-    axis major: docs/lab_log.md), led by a ``'_replica'`` axis within replica groups
-    (:func:`~spectral_optax._mesh.layout.device_view`)."""
-    abstract = device_view(shape, ("_owners", "_split"))
-    concrete = _concrete_mesh()
-    if concrete is not None and not concrete.empty and concrete.size == abstract.size:
-        view = jax.sharding.Mesh(
-            concrete.devices.reshape(abstract.axis_sizes), abstract.axis_names, axis_types=abstract.axis_types
-        )
-        return view.abstract_mesh, view
-    return abstract, abstract
-
-
-def _concrete_mesh():
-    """The mesh of ``jax.set_mesh`` while tracing (what ``shard_map`` lowers on), else ``None``.
-
-    JAX 0.10 has no public accessor of it inside ``jit``: ``jax.sharding.get_mesh`` raises under a
-    trace, and ``jax.sharding.get_abstract_mesh()`` and ``jax.typeof(x).sharding.mesh`` are abstract
-    (no devices), while ``shard_map`` itself reads the concrete one there. So the private accessor is
-    used (:data:`_GET_CONCRETE_MESH`); on a JAX without it the abstract view is taken, and
-    ``tests/test_distributed_mesh.py`` fails on the supported JAX if that happens.
-    """
-    return None if _GET_CONCRETE_MESH is None else _GET_CONCRETE_MESH()
-
-
 def _split_in_groups(
     stacked, orthogonalize, mesh, owners, split, summed=None, whole_method=None, split_method="standard"
 ):
     """``stacked`` ``(U, m, n')`` (``U`` a multiple of ``owners``, ``n'`` of ``split``) under
-    ``shard_map`` on the devices viewed as ``(owners, split)`` (:func:`_group_view`): units
-    dealt to the owner groups (``U / owners`` each, in order), columns cut in ``split``
-    blocks: strided ones when ``n'`` is a multiple of ``owners * split`` (:func:`_deals`; the
-    stack enters with its columns over every device and one all-to-all over the owner groups
-    deals them, one brings them back), else contiguous ones (XLA's resharding to
-    ``P('_owners', None, '_split')``). ``summed[u]`` (default all): unit ``u`` is one matrix,
+    ``shard_map`` on the devices viewed as ``(owners, split)``
+    (:func:`~spectral_optax._distributed.views.group_view`): units dealt to the owner groups (``U /
+    owners`` each, in order), columns cut in ``split`` blocks: strided ones when ``n'`` is a
+    multiple of ``owners * split`` (:func:`_deals`; the stack enters with its columns over every
+    device and one all-to-all over the owner groups deals them, one brings them back), else
+    contiguous ones (XLA's resharding to ``P('_owners', None, '_split')``).
+    ``summed[u]`` (default all): unit ``u`` is one matrix,
     its Gram matrix summed over the owner group every step (:func:`~spectral_optax.newton_schulz` with ``axis_name``,
     by ``split_method``: ``'gram'``, once per segment, the ``m x m`` work split over the group too);
     else each of its blocks is a whole matrix (a pack) run alone, by ``whole_method``. Where
     owner groups of one local position differ, ``lax.cond`` on the owner-group index picks the
     branch (the all-reduce is in the summing branch only, taken by whole owner groups)."""
-    abstract, view = _group_view(mesh, (owners, split))
+    abstract, view = group_view(mesh, (owners, split))
     per = stacked.shape[0] // owners
     table = np.ones((owners, per), bool) if summed is None else np.asarray(summed, bool).reshape(owners, per)
     spec = P("_owners", None, "_split")

@@ -65,10 +65,10 @@ split group: at a CPU's ``flops_per_byte`` the ``2048 x 8192`` group alone is be
 blocks, which no whole group fits, yet its pack in 4 blocks costs less than the two plans alone
 (the same flops, 40 instead of 160 MiB of Gram all-reduces per device).
 
-**Sharing the devices** (:func:`co_place`). Groups in no pack whose matrices number at most ``N``
-in all may be dealt one whole matrix per device, group after group, each device running its own
-matrix's iteration only: the flops per device are then the largest whole matrix's, not the sum
-over the groups, and no Gram matrix is summed.
+**Sharing the devices** (:func:`co_place`). Groups in no pack may be dealt one whole matrix, or
+one column block of a matrix cut in ``k`` blocks, per device, group after group, each device
+running its own matrix's iteration only: the flops and Gram bytes per device are then the
+costliest branch's, not the sum over the groups.
 """
 
 from __future__ import annotations
@@ -491,19 +491,34 @@ def with_gram_splits(plans: dict, gram_plans: dict) -> dict:
 
 
 def co_place(
-    plans: dict, devices: int, *, whole_methods: dict | None = None, flops_per_byte: float | None = None
+    plans: dict,
+    devices: int,
+    *,
+    whole_methods: dict | None = None,
+    flops_per_byte: float | None = None,
+    steps: dict | None = None,
+    compute_itemsize: int = 4,
+    power_start: dict | None = None,
+    blocks: tuple[int, ...] = (),
 ) -> dict:
-    """``plans`` with groups of whole matrices sharing the devices where that costs less: groups
-    in no pack, ``B_1 + ... + B_r <= N`` matrices in all, dealt one per device (group ``i`` on the
-    slots after group ``i - 1``'s), each device running its own matrix's iteration only (a branch
-    on its index). Every device of one SPMD program otherwise runs every group's program, so two
-    groups cost the sum of their flops per device; sharing, the largest whole matrix's, with no
-    Gram all-reduce. A set is kept where ``max_i whole_i`` is below the sum of the members' own
-    scores (``flops + f gram_bytes``, :func:`plan_group`); for each group as the set's largest, the
-    others of smaller whole matrices join by their score per matrix, largest first, while the
-    devices last (Llama 6.7B on 256 devices at ``f = 2000``: 128 squares of 4096 and 96
-    ``4096 x 11008`` matrices, split in 2 column blocks each, 2631 GFLOP and 512 MiB of Gram
-    traffic per device, shared: 3075 GFLOP and none).
+    """``plans`` with groups sharing the devices where that costs less: groups in no pack, each
+    group ``i`` as whole matrices (``k_i = 1``) or cut in ``k_i`` column blocks, ``sum_i B_i k_i
+    <= N`` devices in all, dealt one matrix or block per device (group ``i`` on the slots after
+    group ``i - 1``'s, a matrix's blocks on ``k_i`` consecutive devices), each device running its
+    own matrix's iteration only (a branch on its index; a split matrix's Gram matrices summed over
+    its ``k_i`` devices inside the branch). Every device of one SPMD program otherwise runs every
+    group's program, so groups cost the sum of their scores per device; sharing, the costliest
+    branch's. Each candidate branch score ``T`` is tried: every group takes the fewest devices
+    whose branch scores at most ``T`` (``flops + f gram_bytes``, :func:`plan_group`; a block runs
+    the standard iteration, :func:`split_block_flops`, and all-reduces ``steps`` upper triangles; a
+    group is split only where the devices divide its rows, so that any layout of it is dealt from its
+    rows, columns or tiles by the one all-to-all),
+    the groups of most score per device first while the devices last, the others keeping their
+    own plans; the set of least total score is kept where it is below the groups' own plans (Llama
+    6.7B on 256 devices at ``f = 2000``: 128 squares of 4096 and 96 ``4096 x 11008`` matrices,
+    split in 2 column blocks each, 2631 GFLOP and 512 MiB of Gram traffic per device; shared whole,
+    3075 GFLOP and none; on 512 devices the MLP matrices in 2 blocks, the squares whole and the
+    head in 8 blocks: one block's Gram traffic per device instead of three).
 
     Args:
       plans: ``{(m, n): GroupPlan}`` (after :func:`pack_groups` and :func:`with_gram_splits`).
@@ -511,30 +526,60 @@ def co_place(
       whole_methods: ``{(m, n): method}``, the whole-matrix iteration of each group (default:
         each plan's ``method``).
       flops_per_byte: as in :func:`plan_group`.
+      steps: ``{(m, n): steps}``, each group's Newton-Schulz steps (a group missing or ``None``, a
+        user function: whole matrices only).
+      compute_itemsize: bytes per element of the iteration's dtype (the Gram all-reduces).
+      power_start: ``{(m, n): bool}``, as in :func:`plan_group`.
+      blocks: the sizes of the device axes' trailing products (the mesh axes the devices are laid
+        out on, minor first); a split ``k`` is offered when it divides ``N`` and, for every size
+        ``s`` here and every other ``k`` chosen, ``k`` divides it or is a multiple of it (so that
+        ``k`` consecutive devices are a product of trailing axes of one view of the devices).
     """
     fpb = default_flops_per_byte() if flops_per_byte is None else float(flops_per_byte)
-    free = [p for p in plans.values() if p.packed_with is None and p.whole_flops > 0 and p.count <= devices]
+    free = [p for p in plans.values() if p.packed_with is None and p.whole_flops > 0]
     score = lambda p: p.flops + fpb * p.gram_bytes
-    one = lambda p: p.whole_flops / p.count
+    nested = lambda a, b: a % b == 0 or b % a == 0
+    sizes = [k for k in range(2, devices + 1) if devices % k == 0 and all(nested(k, s) for s in blocks)]
+    options = {}  # (m, n): [(devices used, branch score, k, flops, gram bytes)], fewest devices first
+    for p in free:
+        opts = [(p.count, p.whole_flops / p.count, 1, p.whole_flops / p.count, 0.0)] if p.count <= devices else []
+        n_steps, power = (steps or {}).get((p.m, p.n)), (power_start or {}).get((p.m, p.n), False)
+        for k in sizes if n_steps else ():
+            assert n_steps is not None
+            if p.count * k <= devices and k <= p.n and p.m % devices == 0:  # rows over the devices: dealt
+                f = split_block_flops(p.m, -(-p.n // k), n_steps, power)
+                g = n_steps * triangle(p.m) * compute_itemsize
+                opts.append((p.count * k, f + fpb * g, k, float(f), float(g)))
+        options[(p.m, p.n)] = opts
+    own = sum(score(p) for p in free)
     best: tuple[float, list] | None = None
-    for lead in free:
-        members, used = [lead], lead.count
-        rest = sorted((p for p in free if p is not lead and one(p) <= one(lead)), key=lambda p: -score(p) / p.count)
-        for p in rest:
-            if used + p.count <= devices:
-                members.append(p)
-                used += p.count
-        gain = sum(score(p) for p in members) - one(lead)
-        if len(members) > 1 and gain > 0 and (best is None or gain > best[0]):
-            best = (gain, members)
+    for t in sorted({o[1] for opts in options.values() for o in opts}):
+        fits = [
+            (p, min(o for o in options[(p.m, p.n)] if o[1] <= t))
+            for p in free
+            if any(o[1] <= t for o in options[(p.m, p.n)])
+        ]
+        members, used, ks = [], 0, set(blocks)
+        for p, o in sorted(fits, key=lambda po: -score(po[0]) / po[1][0]):
+            if used + o[0] <= devices and all(nested(o[2], k) for k in ks if o[2] > 1):
+                members.append((p, o))
+                used += o[0]
+                ks |= {o[2]} if o[2] > 1 else set()
+        if len(members) < 2:
+            continue
+        total = max(o[1] for _, o in members) + own - sum(score(p) for p, _ in members)
+        if total < own and (best is None or total < best[0]):
+            best = (total, sorted(members, key=lambda po: (-po[1][2], -po[1][3])))  # larger splits first (aligned)
     if best is None:
         return plans
     plans = dict(plans)
     members = best[1]
-    keys = tuple((p.m, p.n) for p in members)
-    for i, p in enumerate(members):
+    keys = tuple((p.m, p.n) for p, _ in members)
+    flops, gram = max(o[3] for _, o in members), max(o[4] for _, o in members)
+    for i, (p, (_, _, k, _, _)) in enumerate(members):
+        method = (whole_methods or {}).get((p.m, p.n), p.method) if k == 1 else "standard"
         plans[(p.m, p.n)] = dataclasses.replace(
-            p, split=1, owners=devices, method=(whole_methods or {}).get((p.m, p.n), p.method),
-            flops=one(members[0]) if i == 0 else 0.0, gram_bytes=0.0, shared=keys,
+            p, split=k, owners=devices // k, method=method,
+            flops=flops if i == 0 else 0.0, gram_bytes=gram if i == 0 else 0.0, shared=keys,
         )  # fmt: skip
     return plans

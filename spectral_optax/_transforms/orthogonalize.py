@@ -75,6 +75,7 @@ from spectral_optax._mesh.layout import (
     gathered,
     keeping_specs,
     manual_axes,
+    mesh_order,
     mesh_size,
     replica_axes,
     replica_groups,
@@ -279,8 +280,11 @@ def _groups(flat, gmap, kinds) -> dict[tuple[int, int], list[tuple[int, Geometry
     return groups
 
 
-def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, precision, flops_per_byte=None) -> dict:
-    """One :class:`~spectral_optax._distributed.plan.GroupPlan` per group (decided at trace time)."""
+def _plan(
+    groups, flat, devices, coefficients, steps, compute_dtype, method, precision, flops_per_byte=None, blocks=()
+) -> dict:
+    """One :class:`~spectral_optax._distributed.plan.GroupPlan` per group (decided at trace time);
+    ``blocks``: the trailing products of the device axes' sizes (:func:`_blocks`)."""
     fpb = default_flops_per_byte() if flops_per_byte is None else float(flops_per_byte)
     cdtype = jnp.dtype(compute_dtype) if compute_dtype is not None else jnp.dtype(default_compute_dtype())
     spec = resolve_coefficients(coefficients, steps, cdtype)  # 'auto': the iteration's dtype's
@@ -288,6 +292,8 @@ def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, pre
     plans: dict[tuple[int, int], GroupPlan] = {}
     gram_plans: dict[tuple[int, int], GroupPlan] = {}
     methods: dict[tuple[int, int], str] = {}
+    step_counts: dict[tuple[int, int], int | None] = {}
+    power_starts: dict[tuple[int, int], bool] = {}
     auto = isinstance(coefficients, str) and coefficients.lower() == "auto"
     power = any_power = not callable(spec) and default_preconditioning(coefficients) == "power"
     for (m, n), members in groups.items():
@@ -303,6 +309,7 @@ def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, pre
         whole = newton_schulz_method(m, n, n_steps, cdtype, g_method, precision) if n_steps else "standard"
         rs = gram_restarts(n_steps, cdtype, precision, g_restarts) if whole == "gram" and n_steps else ()
         methods[(m, n)] = whole
+        step_counts[(m, n)], power_starts[(m, n)] = n_steps, power
         for table, gram_splits in ((plans, False), (gram_plans, True)):
             table[(m, n)] = plan_group(
                 m, n, sum(g.num_slices for _, g in members), devices, steps=n_steps, method=whole,
@@ -314,7 +321,21 @@ def _plan(groups, flat, devices, coefficients, steps, compute_dtype, method, pre
         plans, devices, steps=n_steps, compute_itemsize=cdtype.itemsize, whole_methods=methods, flops_per_byte=fpb,
         power_start=any_power,
     )  # fmt: skip
-    return co_place(with_gram_splits(packed, gram_plans), devices, whole_methods=methods, flops_per_byte=fpb)
+    return co_place(
+        with_gram_splits(packed, gram_plans), devices, whole_methods=methods, flops_per_byte=fpb,
+        steps=step_counts, compute_itemsize=cdtype.itemsize, power_start=power_starts, blocks=blocks,
+    )  # fmt: skip
+
+
+def _blocks(mesh, axes) -> tuple[int, ...]:
+    """The products of the trailing sizes of ``axes`` in mesh order, the whole excluded: the device
+    counts a group of consecutive devices may span as trailing axes of one view (``co_place``)."""
+    sizes = dict(mesh.shape)
+    out, size = [], 1
+    for a in reversed(mesh_order(mesh, axes)[1:]):
+        size *= sizes[a]
+        out.append(size)
+    return tuple(out)
 
 
 def _within_replicas(groups, flat, mesh, axes, specs, plan_args):
@@ -323,10 +344,10 @@ def _within_replicas(groups, flat, mesh, axes, specs, plan_args):
     group costs more than :data:`REPLICA_FLOPS_FACTOR` times the flops of spreading it over every
     device (a large data-parallel axis over small model groups), else over every axis of ``axes``."""
     replicas = replica_axes(mesh, axes, specs)
-    every = _plan(groups, flat, mesh_size(mesh, axes), *plan_args)
+    every = _plan(groups, flat, mesh_size(mesh, axes), *plan_args, blocks=_blocks(mesh, axes))
     if replicas:
         inner = tuple(a for a in axes if a not in replicas)
-        within = _plan(groups, flat, mesh_size(mesh, inner), *plan_args)
+        within = _plan(groups, flat, mesh_size(mesh, inner), *plan_args, blocks=_blocks(mesh, inner))
         flops = lambda plan: sum(g.flops for g in plan.values())
         if flops(within) <= REPLICA_FLOPS_FACTOR * flops(every):
             return inner, replicas, within

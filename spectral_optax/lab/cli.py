@@ -254,6 +254,9 @@ _BYTES = {
     "f8e5m2": 1,
 }
 _DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRUE_FALSE = re.compile(r"(?:true|false)_computation=%?([\w.\-]+)")
 _SHAPE = re.compile(r"\b([a-z]+[0-9]*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 
 
@@ -270,23 +273,36 @@ def _type_bytes(type_str: str) -> int:
 
 
 def collective_bytes(hlo_text: str) -> dict[str, int]:
-    """Bytes of every collective op in an HLO module's text, by op name.
+    """Bytes of every collective op in an HLO module's text, by op name, per device.
 
     Each instruction ``%name = TYPE op(%a, %b, ...)`` defines ``name``'s type;
     a collective's bytes are the sizes of its operands' types (one device's
     share of the data it puts into the collective), except an all-gather's,
     which are its result's (what each device receives and holds: ``k`` times
     its operand over ``k`` devices; counted by the operand, a gather over many
-    devices would look almost free).
+    devices would look almost free). A device runs one branch of a
+    ``conditional``, so the collectives in its branches count as the costliest
+    branch's (by total bytes), as XLA's cost analysis counts its flops.
     """
     types: dict[str, str] = {}
+    own: dict[str, dict[str, int]] = {}  # computation -> its collectives' bytes by op
+    branches: list[list[str]] = []
     calls = []
+    computation = ""
     for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            computation = header.group(1)
+            continue
         m = _DEF.match(line)
         if not m:
             continue
         name, type_str, op, rest = m.groups()
         types[name] = type_str
+        if op == "conditional":
+            listed = _BRANCHES.search(rest)
+            names = listed.group(1).split(",") if listed else _TRUE_FALSE.findall(rest)
+            branches.append([b.strip().lstrip("%") for b in names])
         if op in COLLECTIVES:
             depth, args = 0, ""
             for ch in rest:  # operands up to the matching ')'
@@ -298,17 +314,31 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
                     depth -= 1
                 args += ch
             operands = [a.strip().lstrip("%") for a in args.split(",") if a.strip()]
-            calls.append((op.removesuffix("-start"), operands, type_str, op.endswith("-start")))
-    out: dict[str, int] = {}
-    for op, operands, result, is_start in calls:
+            calls.append((computation, op.removesuffix("-start"), operands, type_str, op.endswith("-start")))
+    for computation, op, operands, result, is_start in calls:
         nbytes = 0
         for a in operands:
             a = a.split(" ")[-1].lstrip("%")  # "f32[..] %x" or "%x"
             nbytes += _type_bytes(types.get(a, ""))
         if op == "all-gather":  # the result (an async start's result is the tuple (operands, result))
             nbytes = _type_bytes(result) - (nbytes if is_start else 0)
-        out[op] = out.get(op, 0) + nbytes
-    return out
+        counts = own.setdefault(computation, {})
+        counts[op] = counts.get(op, 0) + nbytes
+    out: dict[str, int] = {}
+    for counts in own.values():
+        for op, nbytes in counts.items():
+            out[op] = out.get(op, 0) + nbytes
+    for names in branches:  # every branch was counted: keep the costliest one's
+        taken = [own.get(b, {}) for b in names]
+        if len(taken) < 2:
+            continue
+        costliest = max(taken, key=lambda c: sum(c.values()))
+        for counts in taken:
+            for op, nbytes in counts.items():
+                out[op] -= nbytes
+        for op, nbytes in costliest.items():
+            out[op] += nbytes
+    return {op: nbytes for op, nbytes in out.items() if nbytes or op in {o for c in own.values() for o in c}}
 
 
 def compiled_costs(jitted, *args) -> tuple[float, int]:
