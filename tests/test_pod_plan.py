@@ -788,10 +788,36 @@ print("ok")
     assert "ok" in out, out
 
 
-SHARED = """
+SHARING = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import spectral_optax as so
+from spectral_optax.lab.cli import collective_bytes
+
+
+def sharing_step(shapes, specs, mesh, geometry, flops_per_byte, seed):
+    # one muon step on the sharded gradients against one device's: (plan, compiled), values and layouts checked
+    keys = iter(jax.random.split(jax.random.key(seed), 8))
+    grads = jax.tree.map(lambda s: jax.random.normal(next(keys), s), shapes, is_leaf=lambda s: isinstance(s, tuple))
+    tx = so.muon(0.02, geometry=geometry, ns_coefficients="quintic", flops_per_byte=flops_per_byte)
+    step = lambda g: tx.update(g, tx.init(g), g)[0]
+    want = jax.jit(step)(grads)
+    g = jax.tree.map(lambda x, sp: jax.device_put(x, NamedSharding(mesh, sp)), grads, specs)
+    with jax.set_mesh(mesh):
+        kw = dict(geometry=geometry, ns_coefficients="quintic", flops_per_byte=flops_per_byte)
+        plan = so.expert.orthogonalization_plan(g, **kw)
+        got = jax.jit(step)(g)
+        compiled = jax.jit(step).lower(g).compile()
+    flat = jax.tree_util.tree_flatten_with_path(got)[0]
+    for (path, a), b, sp in zip(flat, jax.tree.leaves(want), jax.tree.leaves(specs)):
+        close(a, b, jax.tree_util.keystr(path))
+        assert a.sharding.is_equivalent_to(NamedSharding(mesh, sp), a.ndim), (path, a.sharding)
+    return plan, compiled
+
+"""
+
+
+SHARED = """
 from spectral_optax.expert import newton_schulz_flops
 
 shapes = {"a": {"kernel": (3, 64, 64)}, "b": {"kernel": (4, 64, 128)}, "c": {"kernel": (128, 64)}}
@@ -799,25 +825,14 @@ matrix = {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}
 geometry = {"^(a|b)/kernel$": matrix, "^c/kernel$": matrix}
 specs = {"a": {"kernel": P(None, "data", None)}, "b": {"kernel": P(None, None, "data")}, "c": {"kernel": P("data", None)}}
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
-keys = iter(jax.random.split(jax.random.key(0), 8))
-grads = jax.tree.map(lambda s: jax.random.normal(next(keys), s), shapes, is_leaf=lambda s: isinstance(s, tuple))
-tx = so.muon(0.02, geometry=geometry, ns_coefficients="quintic", flops_per_byte=1e6)
-step = lambda g: tx.update(g, tx.init(g), g)[0]
-want = jax.jit(step)(grads)
-g = jax.tree.map(lambda x, sp: jax.device_put(x, NamedSharding(mesh, sp)), grads, specs)
-with jax.set_mesh(mesh):
-    plan = so.expert.orthogonalization_plan(g, geometry=geometry, ns_coefficients="quintic", flops_per_byte=1e6)
-    got = jax.jit(step)(g)
-    cost = jax.jit(step).lower(g).compile().cost_analysis()
+plan, compiled = sharing_step(shapes, specs, mesh, geometry, 1e6, 0)
+cost = compiled.cost_analysis()
 by_shape = {(p.m, p.n): p for p in plan.groups}
 assert by_shape[(64, 64)].shared == by_shape[(64, 128)].shared == ((64, 128), (64, 64)), str(plan)
 square, wide = (newton_schulz_flops(64, n, 5, "standard") for n in (64, 128))
 assert plan.flops_per_device == wide, str(plan)  # the costliest matrix, not one of each group
 flops = (cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"]
 assert 0.95 * wide <= flops <= 1.1 * wide < square + wide, (flops, wide, square)
-for (path, a), b, sp in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want), jax.tree.leaves(specs)):
-    close(a, b, jax.tree_util.keystr(path))
-    assert a.sharding.is_equivalent_to(NamedSharding(mesh, sp), a.ndim), (path, a.sharding)
 print("ok")
 """
 
@@ -828,34 +843,18 @@ def test_groups_of_whole_matrices_share_the_devices_on_8_devices():
     device (``co_place``), each device running its own matrix's iteration only, so the compiled
     flops per device are one 64 x 128 matrix's (not one of each group); values equal one device's
     and every update keeps its parameter's layout."""
-    out = run_script(CLOSE + SHARED, devices=8)
+    out = run_script(CLOSE + SHARING + SHARED, devices=8)
     assert out.strip().endswith("ok"), out
 
 
 SHARED_TILES = """
-import jax, jax.numpy as jnp, numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-import spectral_optax as so
-from spectral_optax.lab.cli import collective_bytes
-
 shapes = {"sq": {"kernel": (3, 64, 64)}, "up": {"kernel": (2, 64, 128)}, "down": {"kernel": (2, 128, 64)}}
 geometry = {"kernel$": {"kind": "matrix", "fan_in_axes": (-2,), "fan_out_axes": (-1,)}}
 specs = {k: {"kernel": P(None, "data", "model")} for k in shapes}
 mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-keys = iter(jax.random.split(jax.random.key(1), 8))
-grads = jax.tree.map(lambda s: jax.random.normal(next(keys), s), shapes, is_leaf=lambda s: isinstance(s, tuple))
-tx = so.muon(0.02, geometry=geometry, ns_coefficients="quintic", flops_per_byte=1e6)
-step = lambda g: tx.update(g, tx.init(g), g)[0]
-want = jax.jit(step)(grads)
-g = jax.tree.map(lambda x, sp: jax.device_put(x, NamedSharding(mesh, sp)), grads, specs)
-with jax.set_mesh(mesh):
-    plan = so.expert.orthogonalization_plan(g, geometry=geometry, ns_coefficients="quintic", flops_per_byte=1e6)
-    got = jax.jit(step)(g)
-    moved = sum(collective_bytes(jax.jit(step).lower(g).compile().as_text()).values())
+plan, compiled = sharing_step(shapes, specs, mesh, geometry, 1e6, 1)
+moved = sum(collective_bytes(compiled.as_text()).values())
 assert all(p.shared for p in plan.groups), str(plan)
-for (path, a), b, sp in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want), jax.tree.leaves(specs)):
-    close(a, b, jax.tree_util.keystr(path))
-    assert a.sharding.is_equivalent_to(NamedSharding(mesh, sp), a.ndim), (path, a.sharding)
 shard = 4 * sum(int(np.prod(s)) for s in jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple))) // 8
 largest = 4 * 64 * 128
 print(moved, largest, shard)
@@ -871,15 +870,12 @@ def test_groups_sharing_the_devices_are_dealt_by_one_all_to_all_each_way_on_a_2d
     tiles, and both are dealt by one all-to-all each way, which moves the largest matrix's size
     (one per group moved both sizes: 118784 bytes through collectives against the bound, 110592). Values equal one
     device's and every update keeps its parameter's layout."""
-    out = run_script(CLOSE + SHARED_TILES, devices=8)
+    out = run_script(CLOSE + SHARING + SHARED_TILES, devices=8)
     assert out.strip().endswith("ok"), out
 
 
 SPLIT_SHARED = """
 import sys
-import jax, jax.numpy as jnp, numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-import spectral_optax as so
 
 layout = sys.argv[1]
 shapes = {"sq": {"kernel": (3, 128, 128)}, "up": {"kernel": (1, 128, 384)}, "head": {"kernel": (128, 4096)}}
@@ -892,23 +888,12 @@ else:
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
     cut = ("data", None) if layout == "rows" else (None, "data")
     specs = {k: {"kernel": P(*lead(s), *cut)} for k, s in shapes.items()}
-keys = iter(jax.random.split(jax.random.key(2), 8))
-grads = jax.tree.map(lambda s: jax.random.normal(next(keys), s), shapes, is_leaf=lambda s: isinstance(s, tuple))
-tx = so.muon(0.02, geometry=geometry, ns_coefficients="quintic", flops_per_byte=100)
-step = lambda g: tx.update(g, tx.init(g), g)[0]
-want = jax.jit(step)(grads)
-g = jax.tree.map(lambda x, sp: jax.device_put(x, NamedSharding(mesh, sp)), grads, specs)
-with jax.set_mesh(mesh):
-    plan = so.expert.orthogonalization_plan(g, geometry=geometry, ns_coefficients="quintic", flops_per_byte=100)
-    got = jax.jit(step)(g)
-    cost = jax.jit(step).lower(g).compile().cost_analysis()
+plan, compiled = sharing_step(shapes, specs, mesh, geometry, 100, 2)
+cost = compiled.cost_analysis()
 by_shape = {(p.m, p.n): p for p in plan.groups}
 assert by_shape[(128, 384)].split == 4 and by_shape[(128, 384)].shared == ((128, 384), (128, 128)), str(plan)
 flops = (cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"]
 assert 0.95 * plan.flops_per_device <= flops <= 1.1 * plan.flops_per_device, (flops, str(plan))
-for (path, a), b, sp in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want), jax.tree.leaves(specs)):
-    close(a, b, jax.tree_util.keystr(path))
-    assert a.sharding.is_equivalent_to(NamedSharding(mesh, sp), a.ndim), (path, a.sharding)
 print("ok")
 """
 
@@ -922,7 +907,7 @@ def test_split_matrices_share_the_devices_with_whole_ones_on_8_devices(layout):
     device sends columns ``j mod 4`` of its piece to block ``j``'s device): values equal one
     device's, every update keeps its parameter's layout, and the compiled flops are the plan's
     (the costliest branch's, not the sum of the groups')."""
-    out = run_script(CLOSE + SPLIT_SHARED, devices=8, args=[layout])
+    out = run_script(CLOSE + SHARING + SPLIT_SHARED, devices=8, args=[layout])
     assert out.strip().endswith("ok"), out
 
 
