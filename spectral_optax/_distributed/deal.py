@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spectral_optax._distributed.columns import COLUMNS
 from spectral_optax._mesh.layout import mesh_order
 
 __all__ = ["ROWS", "blocks_of", "shared_deal", "tile_deal"]
@@ -42,25 +43,25 @@ def tile_deal(mesh, axes, tiles):
     return deal, back
 
 
-def blocks_of(mesh, axes, tiles, shape):
+def blocks_of(mesh, axes, staging, shape):
     """``(join, cut)`` for one whole ``m x n`` matrix (``shape``) whose blocks lie on the ``N``
     devices of ``axes`` (in mesh order): ``join(x)`` assembles ``x`` ``(N, *block)``, device ``s``'s
-    block at ``s``, into the matrix, ``cut(y)`` is its inverse. ``tiles`` is ``(rows, cols)``
-    (the matrix tiled ``P(rows, cols)``, blocks ``(m / r, n / c)``), ``None`` (columns over
-    every device, blocks ``(m, n / N)``) or :data:`ROWS` (rows over every device, blocks
-    ``(m / N, n)``)."""
+    block at ``s``, into the matrix, ``cut(y)`` is its inverse. ``staging`` is a 2-D tiling
+    ``(rows, cols, ...)`` (the matrix tiled ``P(rows, cols)``, blocks ``(m / r, n / c)``),
+    ``COLUMNS`` (columns over every device, blocks ``(m, n / N)``) or :data:`ROWS` (rows over
+    every device, blocks ``(m / N, n)``)."""
     names = mesh_order(mesh, axes)
     sizes = dict(mesh.shape)
     m, n = shape
     d = int(np.prod([sizes[a] for a in names]))
-    if tiles == ROWS:
+    if staging == ROWS:
         return (lambda x: x.reshape(m, n)), (lambda y: y.reshape(d, m // d, n))
-    if tiles is None:
+    if staging == COLUMNS:
         join = lambda x: x.transpose(1, 0, 2).reshape(m, n)
         cut = lambda y: y.reshape(m, d, n // d).transpose(1, 0, 2)
         return join, cut
-    r, c = sizes[tiles[0]], sizes[tiles[1]]
-    rows_first = names[0] == tiles[0]  # device s holds tile (s // c, s % c), else (s % r, s // r)
+    r, c = sizes[staging[0]], sizes[staging[1]]
+    rows_first = names[0] == staging[0]  # device s holds tile (s // c, s % c), else (s % r, s // r)
 
     def join(x):
         if rows_first:

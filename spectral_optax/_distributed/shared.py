@@ -24,8 +24,9 @@ def co_placed(stacks, tiles, splits, orthogonalize, mesh, axes, devices: int):
     consecutive devices, and each device orthogonalizes the matrix or block of its slot only
     (``lax.switch`` on its index; a block's Gram matrices summed over its ``k_i`` devices inside
     the branch). ``tiles[i]`` is stack ``i``'s staging: a common 2-D tiling ``(rows, cols, ...)``,
-    ``COLUMNS`` (columns over every device) or falsy (any layout: dealt by XLA from ``P(axes)``
-    on its first axis). The orthogonalized stacks, each ``(B_i, m_i, n_i)``."""
+    ``COLUMNS`` (columns over every device) or falsy (any layout: with split matrices, by its rows
+    where the devices divide them; else dealt by XLA from ``P(axes)`` on its first axis). The
+    orthogonalized stacks, each ``(B_i, m_i, n_i)``."""
     if all(k == 1 for k in splits):
         return _whole(stacks, tiles, orthogonalize, mesh, axes, devices)
     return _split(stacks, tiles, splits, orthogonalize, mesh, axes, devices)
@@ -75,6 +76,7 @@ def _split(stacks, tiles, splits, orthogonalize, mesh, axes, devices: int):
         table[a:b] = i
     specs, inputs, width = [], [], []
     pieces: list = []
+    joins: list = []
     for s, t, k, a, b in zip(stacks, tiles, splits, offsets[:-1], offsets[1:]):
         if t:
             spec = {COLUMNS: P(None, None, every), ROWS: P(None, every, None)}.get(t) or P(
@@ -86,6 +88,7 @@ def _split(stacks, tiles, splits, orthogonalize, mesh, axes, devices: int):
             inputs.append(s)
             pieces.append(piece)
             width.append(piece[0] * piece[1])
+            joins.append(blocks_of(m, axes, t, (piece[0] * r, piece[1] * c)))
         else:
             n = s.shape[2]
             x = jnp.pad(s, ((0, 0), (0, 0), (0, -n % k)))
@@ -98,32 +101,16 @@ def _split(stacks, tiles, splits, orthogonalize, mesh, axes, devices: int):
             inputs.append(jnp.pad(x, ((a, devices - b), (0, 0), (0, 0))))
             pieces.append(None)
             width.append(0)
+            joins.append(None)
     kinds = sorted({s.dtype.name for s, t in zip(stacks, tiles) if t})
     own = [kinds.index(s.dtype.name) if t else None for s, t in zip(stacks, tiles)]
     deal, back = shared_deal(every, counts, width, devices) if kinds else (None, None)
-    joins = [
-        blocks_of(m, axes, _mode(t), (p[0] * _grid(m, t, devices)[0], p[1] * _grid(m, t, devices)[1])) if t else None
-        for t, p in zip(tiles, pieces)
-    ]
 
-    def branch(i):
-        k = splits[i]
-        run = lambda x: orthogonalize(x, "standard", summed[k]) if k > 1 else orthogonalize(x)
+    def split_run(k):  # a block's Gram matrices summed over its k devices
+        return lambda x: orthogonalize(x, "standard", summed[k])
 
-        def go(*operands):
-            bufs, rest = list(operands[: len(kinds)]), list(operands[len(kinds) :])
-            if own[i] is None:
-                rest[i] = run(rest[i]).astype(rest[i].dtype)
-                return (*bufs, *rest)
-            buf, (join, cut) = bufs[own[i]], joins[i]
-            whole = join(buf[:, : width[i]].reshape(devices, *pieces[i]))[None]
-            y = cut(run(whole).astype(whole.dtype)[0]).reshape(devices, width[i])
-            bufs[own[i]] = jnp.pad(y, ((0, 0), (0, buf.shape[1] - width[i]))).astype(buf.dtype)
-            return (*bufs, *rest)
-
-        return go
-
-    branches = [branch(i) for i in range(len(stacks))] + [lambda *xs: xs]
+    runs = [split_run(k) if k > 1 else orthogonalize for k in splits]
+    branches = _branches(runs, len(kinds), own, joins, pieces, width, devices)
 
     def to_rows(x, i):  # (B, m_l, n_l) -> (B k, m_l * n_l' / k): block j of each matrix, columns j mod k
         k, (ml, q) = splits[i], pieces[i]
@@ -174,13 +161,14 @@ def _whole(stacks, tiles, orthogonalize, mesh, axes, devices: int):
     ``N`` devices (:func:`~spectral_optax._distributed.plan.co_place`): stack ``i``'s matrices on the
     slots after stack ``i - 1``'s, one matrix per device, and under ``shard_map`` each device
     orthogonalizes the matrix of its slot only (``lax.switch`` on its index; the other blocks pass
-    through). Stacks tiled by a common 2-D tiling (:func:`_common_tiling`) or staged by columns
-    (``COLUMNS``, :func:`stage_columns`) are dealt from their blocks together, by one all-to-all
-    each way per dtype (:func:`~spectral_optax._distributed.deal.shared_deal`: every block
-    flattened and padded to the largest, so the all-to-all moves the largest matrix's size, not
-    every stack's); the others are zero-padded to ``N`` matrices and dealt by XLA from ``P(axes)``
-    on their first axis (the devices in mesh order, as the others are dealt). The orthogonalized
-    stacks, each ``(B_i, m_i, n_i)``."""
+    through). Stacks tiled by a common 2-D tiling
+    (:func:`~spectral_optax._distributed.execute._common_tiling`) or staged by columns
+    (``COLUMNS``, :func:`~spectral_optax._distributed.columns.stage_columns`) are dealt from their
+    blocks together, by one all-to-all each way per dtype
+    (:func:`~spectral_optax._distributed.deal.shared_deal`: every block flattened and padded to the
+    largest, so the all-to-all moves the largest matrix's size, not every stack's); the others are
+    zero-padded to ``N`` matrices and dealt by XLA from ``P(axes)`` on their first axis (the devices
+    in mesh order, as the others are dealt). The orthogonalized stacks, each ``(B_i, m_i, n_i)``."""
     offsets = np.cumsum([0] + [s.shape[0] for s in stacks])
     table = np.full(devices, len(stacks), np.int32)  # a device past the last slot idles
     for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
@@ -206,32 +194,16 @@ def _whole(stacks, tiles, orthogonalize, mesh, axes, devices: int):
     sizes = dict(m.shape)
     specs = [P(None, None, names) if t == COLUMNS else P(None, *t[:2]) if t else P(names, None, None) for t in tiles]
     counts = [s.shape[0] for s in stacks]
-    assemble = [
-        blocks_of(m, axes, None if t == COLUMNS else t[:2], s.shape[1:]) if t else None for s, t in zip(stacks, tiles)
+    pieces = [
+        (s.shape[1] // _grid(m, t, devices)[0], s.shape[2] // _grid(m, t, devices)[1]) if t else None
+        for s, t in zip(stacks, tiles)
     ]
-    whole = [jax.ShapeDtypeStruct(s.shape[1:], s.dtype) for s in stacks]
-    blocks = [jax.eval_shape(a[1], w).shape if a else None for w, a in zip(whole, assemble)]
-    width = [int(np.prod(b[1:])) if b else 0 for b in blocks]
+    joins = [blocks_of(m, axes, t, s.shape[1:]) if t else None for s, t in zip(stacks, tiles)]
+    width = [p[0] * p[1] if p else 0 for p in pieces]
     kinds = sorted({s.dtype.name for s, t in zip(stacks, tiles) if t})  # one all-to-all each way per dtype
     deal, back = shared_deal(names, counts, width, devices)
     own = [kinds.index(s.dtype.name) if t else None for s, t in zip(stacks, tiles)]
-
-    def dealt(i):  # branch i: the device's matrix of stack i, from its blocks (or its own slot)
-        def run(*operands):
-            bufs, rest = list(operands[: len(kinds)]), list(operands[len(kinds) :])
-            if own[i] is None:
-                rest[i] = orthogonalize(rest[i]).astype(rest[i].dtype)
-                return (*bufs, *rest)
-            buf = bufs[own[i]]
-            join, cut = assemble[i]
-            whole = join(buf[:, : width[i]].reshape(blocks[i]))[None]
-            y = cut(orthogonalize(whole).astype(whole.dtype)[0]).reshape(devices, width[i])
-            bufs[own[i]] = jnp.pad(y, ((0, 0), (0, buf.shape[1] - width[i]))).astype(buf.dtype)
-            return (*bufs, *rest)
-
-        return run
-
-    branches = [dealt(i) for i in range(len(stacks))] + [lambda *xs: xs]
+    dealt_branches = _branches([orthogonalize] * len(stacks), len(kinds), own, joins, pieces, width, devices)
 
     def tiled_body(*local):
         index = 0
@@ -242,9 +214,9 @@ def _whole(stacks, tiles, orthogonalize, mesh, axes, devices: int):
             for k, kind in enumerate(kinds)
         ]
         rest = [None if t else x for x, t in zip(local, tiles)]
-        outs = jax.lax.switch(jnp.asarray(table)[index], branches, *bufs, *rest)
+        outs = jax.lax.switch(jnp.asarray(table)[index], dealt_branches, *bufs, *rest)
         got = [
-            back(buf, [(c, *b[1:]) if o == k else None for c, b, o in zip(counts, blocks, own)])
+            back(buf, [(c, *p) if o == k else None for c, p, o in zip(counts, pieces, own)])
             for k, buf in enumerate(outs[: len(kinds)])
         ]
         return tuple(
@@ -265,6 +237,25 @@ def _grid(mesh, staging, devices: int) -> tuple[int, int]:
     return dict(mesh.shape)[staging[0]], dict(mesh.shape)[staging[1]]
 
 
-def _mode(staging):
-    """:func:`~spectral_optax._distributed.deal.blocks_of`'s ``tiles`` for a staging."""
-    return None if staging == COLUMNS else ROWS if staging == ROWS else staging[:2]
+def _branches(runs, n_bufs, own, joins, pieces, width, devices: int):
+    """The ``lax.switch`` branches of :func:`co_placed`, one per stack and an idle one last. Their
+    operands are the ``n_bufs`` dealt ``(N, L)`` buffers (one per dtype) and the stacks dealt by XLA
+    (``None`` for the others). Branch ``i`` runs ``runs[i]``: on stack ``i``'s own block when XLA
+    dealt it (``own[i]`` is ``None``), else on the matrix or column block joined
+    (``joins[i]``) from the ``N`` pieces ``pieces[i]`` of its buffer, cut back into them after."""
+
+    def branch(i):
+        def go(*operands):
+            bufs, rest = list(operands[:n_bufs]), list(operands[n_bufs:])
+            if own[i] is None:
+                rest[i] = runs[i](rest[i]).astype(rest[i].dtype)
+                return (*bufs, *rest)
+            buf, (join, cut) = bufs[own[i]], joins[i]
+            whole = join(buf[:, : width[i]].reshape(devices, *pieces[i]))[None]
+            y = cut(runs[i](whole).astype(whole.dtype)[0]).reshape(devices, width[i])
+            bufs[own[i]] = jnp.pad(y, ((0, 0), (0, buf.shape[1] - width[i]))).astype(buf.dtype)
+            return (*bufs, *rest)
+
+        return go
+
+    return [branch(i) for i in range(len(runs))] + [lambda *xs: xs]

@@ -338,7 +338,7 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
                 out[op] -= nbytes
         for op, nbytes in costliest.items():
             out[op] += nbytes
-    return {op: nbytes for op, nbytes in out.items() if nbytes or op in {o for c in own.values() for o in c}}
+    return out
 
 
 def compiled_costs(jitted, *args) -> tuple[float, int]:
